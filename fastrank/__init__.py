@@ -1,0 +1,28 @@
+"""fastrank: ranking losses for image-text retrieval with fused C++/CUDA kernels.
+
+Functional losses live at the top level (``fastrank.smooth_ndcg_loss``), their
+``nn.Module`` forms in ``fastrank.nn``. See SPEC.md for the contract.
+"""
+from ._version import __version__
+from ._native import backends
+
+# native ops (fused C++/CUDA kernels, pure-PyTorch reference via impl="reference")
+from .ops.smooth_ndcg import smooth_ndcg_loss
+from .ops.kendall import kendall_loss
+from .ops.kendall_sw import kendall_sw_loss
+from .ops.fast_rerank import fast_rerank
+from .ops.fast_rerank_topk import fast_rerank_topk
+
+# vectorised PyTorch losses
+from .losses.triplet import triplet_loss
+from .losses.ladder import ladder_loss
+from .losses.topk import topk_loss
+from .losses.dvse import variance_weighted_loss, orthogonal_loss
+
+from . import nn  # noqa: E402  (module forms)
+
+__all__ = [
+    "__version__", "backends", "nn",
+    "smooth_ndcg_loss", "kendall_loss", "kendall_sw_loss", "fast_rerank", "fast_rerank_topk",
+    "triplet_loss", "ladder_loss", "topk_loss", "variance_weighted_loss", "orthogonal_loss",
+]

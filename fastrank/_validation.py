@@ -1,0 +1,142 @@
+"""Input validation shared by every public function (SPEC.md section 1).
+
+Validation happens here, once, in Python: a kernel never sees an unchecked shape,
+device, dtype or stride. Every error names the argument and what was expected.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+DIRECTIONS = ("i2t", "t2i", "both")
+REDUCTIONS = ("mean", "sum", "none")
+IMPLS = ("auto", "native", "reference")
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def check_finite_enabled() -> bool:
+    """Value checks (NaN/inf) read the data, which syncs a CUDA stream and cannot be
+    traced by torch.compile; they are skipped under compile and when
+    FASTRANK_CHECK_FINITE=0."""
+    return not _compiling() and os.environ.get("FASTRANK_CHECK_FINITE", "1") != "0"
+
+
+def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool = True,
+                 finite: bool = True, allow_empty: bool = False) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if float_only and x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a floating tensor (float32, float64, float16 or bfloat16), got {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D tensor, got shape {tuple(x.shape)}")
+    if not allow_empty and x.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
+    if finite and float_only and check_finite_enabled() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
+
+
+def check_sim(sim) -> torch.Tensor:
+    return check_tensor(sim, "sim", 2)
+
+
+def check_like(x, name: str, ref: torch.Tensor, ref_name: str = "sim") -> torch.Tensor:
+    """x must be a float tensor of ref's shape on ref's device."""
+    check_tensor(x, name, ref.dim())
+    if x.shape != ref.shape:
+        raise ValueError(
+            f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}")
+    return x
+
+
+def check_relevance(relevance, sim: torch.Tensor) -> torch.Tensor:
+    return check_like(relevance, "relevance", sim)
+
+
+def check_positives(positives, sim: torch.Tensor) -> torch.Tensor:
+    """Returns the bool (N, M) ground-truth mask; None means the diagonal (needs N == M)."""
+    n, m = sim.shape
+    if positives is None:
+        if n != m:
+            raise ValueError(
+                f"positives=None means the diagonal, which needs a square sim; got sim of shape "
+                f"{(n, m)}: pass positives as a bool tensor of that shape")
+        return torch.eye(n, dtype=torch.bool, device=sim.device)
+    if not isinstance(positives, torch.Tensor):
+        raise TypeError(f"positives must be a bool torch.Tensor, got {type(positives).__name__}")
+    if positives.dtype != torch.bool:
+        raise TypeError(f"positives must have dtype torch.bool, got {positives.dtype}")
+    if positives.shape != sim.shape:
+        raise ValueError(
+            f"positives must have the same shape as sim {tuple(sim.shape)}, got {tuple(positives.shape)}")
+    if positives.device != sim.device:
+        raise ValueError(f"positives is on {positives.device} but sim is on {sim.device}")
+    return positives
+
+
+def check_choice(value, name: str, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_direction(direction) -> str:
+    return check_choice(direction, "direction", DIRECTIONS)
+
+
+def check_reduction(reduction) -> str:
+    return check_choice(reduction, "reduction", REDUCTIONS)
+
+
+def check_impl(impl) -> str:
+    if impl == "auto":
+        impl = os.environ.get("FASTRANK_IMPL", "auto") or "auto"
+        if impl not in IMPLS:
+            raise ValueError(f"environment variable FASTRANK_IMPL must be one of {IMPLS}, got {impl!r}")
+        return impl
+    return check_choice(impl, "impl", IMPLS)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_positive(value, name: str) -> float:
+    """A finite real number > 0 (tau, gamma, ...)."""
+    if not _is_real(value) or not (value > 0) or value != value or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_nonnegative(value, name: str) -> float:
+    if not _is_real(value) or not (value >= 0) or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_real(value, name: str) -> float:
+    if not _is_real(value) or value != value or abs(value) == float("inf"):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_pair(value, name: str, check=check_positive):
+    """A 2-tuple of numbers, e.g. gamma=(gamma1, gamma2)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{name} must be a pair of numbers, got {value!r}")
+    return tuple(check(v, f"{name}[{i}]") for i, v in enumerate(value))

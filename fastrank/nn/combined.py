@@ -1,0 +1,6 @@
+"""Placeholder."""
+
+
+class CombinedLoss:  # placeholder
+    def __init__(self, *a, **k):
+        raise NotImplementedError

@@ -1,0 +1,5 @@
+"""Placeholder: being implemented."""
+
+
+def fast_rerank_topk(*args, **kwargs):
+    raise NotImplementedError("fast_rerank_topk is not implemented yet")

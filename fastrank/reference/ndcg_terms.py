@@ -1,0 +1,26 @@
+"""Gains and ideal DCG shared by the smooth-NDCG reference, its native op and the
+NDCG metric (paper 000, Eq. 11-13; SPEC.md 2.1)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def gains(relevance: torch.Tensor) -> torch.Tensor:
+    """g = 2^r - 1 (paper 000, Eq. 17 numerator)."""
+    return torch.exp2(relevance) - 1.0
+
+
+def discount(position: torch.Tensor) -> torch.Tensor:
+    """1 / log2(1 + position) (paper 000, Eq. 17 denominator)."""
+    return math.log(2.0) / torch.log1p(position)
+
+
+def idcg(relevance: torch.Tensor) -> torch.Tensor:
+    """Ideal DCG of each row: gains sorted descending, discounted by 1-based position
+    (standard IDCG, SPEC.md 2.1; no gradient flows through it). Shape (Q,)."""
+    g = gains(relevance.detach())
+    g_sorted = torch.sort(g, dim=1, descending=True).values
+    pos = torch.arange(1, g.shape[1] + 1, device=g.device, dtype=g.dtype)
+    return (g_sorted * discount(pos)).sum(dim=1)
