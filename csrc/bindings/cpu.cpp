@@ -1,0 +1,50 @@
+// pybind11 bindings of the CPU kernels: fastrank._C_cpu.
+//
+// Thin by design: every argument is a pointer (as an integer from Tensor.data_ptr()),
+// a size, an element stride, a dtype code or a hyper-parameter. Python (fastrank/ops/)
+// has validated shapes, devices, dtypes and strides and allocated every output.
+// The GIL is released while a kernel runs.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "fastrank/smooth_ndcg.h"
+// (kernel headers of the other ops are included in their sections below)
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace py = pybind11;
+using fastrank::DType;
+using ptr = std::uintptr_t;
+using i64 = std::int64_t;
+
+template <typename P> static P* as(ptr p) { return reinterpret_cast<P*>(p); }
+
+PYBIND11_MODULE(_C_cpu, m) {
+  m.doc() = "fastrank CPU kernels (C++17 + OpenMP); no libtorch";
+  m.def("max_threads", [] {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+  });
+  m.def("compiler", [] { return std::string(FASTRANK_COMPILER); });
+
+  // ---- smooth_ndcg (csrc/cpu/smooth_ndcg.cpp) ----
+  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
+                                  i64 nc, ptr idcg, double tau, ptr loss, ptr pi) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::smooth_ndcg_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
+                                       rsc, nq, nc, as<const void>(idcg), tau, as<void>(loss), as<void>(pi));
+  });
+  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
+                                   i64 nc, ptr idcg, ptr pi, ptr grad_loss, double tau, ptr grad_sim) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::smooth_ndcg_backward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
+                                        rsc, nq, nc, as<const void>(idcg), as<const void>(pi),
+                                        as<const void>(grad_loss), tau, as<void>(grad_sim));
+  });
+}

@@ -1,0 +1,55 @@
+// pybind11 bindings of the CUDA kernels: fastrank._C_cuda.
+//
+// Thin by design, like cpu.cpp: pointers as integers, sizes, element strides, dtype code,
+// hyper-parameters and the current cudaStream_t (as an integer) last. A kernel entry
+// returns a cudaError_t as int; `check` turns a failure into a RuntimeError.
+// Compiled by the host compiler: it includes no CUDA header.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "fastrank/runtime.h"
+#include "fastrank/smooth_ndcg.h"
+
+namespace py = pybind11;
+using fastrank::DType;
+using ptr = std::uintptr_t;
+using i64 = std::int64_t;
+
+template <typename P> static P* as(ptr p) { return reinterpret_cast<P*>(p); }
+
+static void check(int code, const char* what) {
+  if (code != 0)
+    throw std::runtime_error(std::string("fastrank CUDA kernel ") + what + " failed: " +
+                             fastrank::cuda::error_string(code));
+}
+
+PYBIND11_MODULE(_C_cuda, m) {
+  m.doc() = "fastrank CUDA kernels; CUDA runtime linked statically; no libtorch";
+  m.def("device_count", &fastrank::cuda::device_count);
+  m.def("runtime_version", &fastrank::cuda::runtime_version);
+  m.def("archs", [] { return std::string(FASTRANK_CUDA_ARCHS); });
+  m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
+
+  // ---- smooth_ndcg (csrc/cuda/smooth_ndcg.cu) ----
+  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
+                                  i64 nc, ptr idcg, double tau, ptr loss, ptr pi, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::smooth_ndcg_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel),
+                                              rsq, rsc, nq, nc, as<const void>(idcg), tau, as<void>(loss),
+                                              as<void>(pi), as<void>(stream)),
+          "smooth_ndcg_forward");
+  });
+  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
+                                   i64 nc, ptr idcg, ptr pi, ptr grad_loss, double tau, ptr grad_sim,
+                                   ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::smooth_ndcg_backward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel),
+                                               rsq, rsc, nq, nc, as<const void>(idcg), as<const void>(pi),
+                                               as<const void>(grad_loss), tau, as<void>(grad_sim),
+                                               as<void>(stream)),
+          "smooth_ndcg_backward");
+  });
+}

@@ -1,0 +1,194 @@
+// fastrank/common.h: the helpers every kernel shares (CPU and CUDA).
+//
+//  - DType codes (must match fastrank/_native.py: DTYPE_CODE) and dtype dispatch;
+//  - the accumulation type of each storage type (float for float/half/bf16, double for double);
+//  - loads/stores that convert storage <-> accumulation type;
+//  - numerically stable logistic pieces: one exp gives sigma(x), sigma(-x) and sigma'(x);
+//  - a vectorisable exp for float on the CPU (plain arithmetic, so `#pragma omp simd`
+//    loops turn into AVX code without -ffast-math);
+//  - gains and discounts of NDCG.
+//
+// Kernels are plain functions over raw pointers, sizes, element strides and a stream:
+// this header includes no torch and no pybind11.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define FR_HD __host__ __device__ __forceinline__
+#else
+#define FR_HD inline
+#endif
+
+namespace fastrank {
+
+enum class DType : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
+
+inline const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+// Accumulation type: double stays double, every other storage type accumulates in float.
+template <typename T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+template <typename T> using acc_t = typename AccOf<T>::type;
+
+template <typename T> FR_HD acc_t<T> load(T x) { return static_cast<acc_t<T>>(x); }
+template <typename T> FR_HD T store(acc_t<T> x) { return static_cast<T>(x); }
+#if defined(__CUDACC__)
+template <> FR_HD float load<__half>(__half x) { return __half2float(x); }
+template <> FR_HD float load<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> FR_HD __half store<__half>(float x) { return __float2half_rn(x); }
+template <> FR_HD __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+#endif
+
+// CPU kernels take float32 and float64 (Python upcasts half inputs).
+#define FASTRANK_DISPATCH_CPU(dt, T, ...)                                               \
+  switch (dt) {                                                                         \
+    case ::fastrank::DType::f32: { using T = float; __VA_ARGS__; } break;               \
+    case ::fastrank::DType::f64: { using T = double; __VA_ARGS__; } break;              \
+    default:                                                                            \
+      throw std::invalid_argument(std::string("fastrank: CPU kernels take float32 or "  \
+                                              "float64, got ") + ::fastrank::dtype_name(dt)); \
+  }
+
+#if defined(__CUDACC__)
+// CUDA kernels read all four float dtypes and accumulate in acc_t<T>.
+#define FASTRANK_DISPATCH_CUDA(dt, T, ...)                                              \
+  switch (dt) {                                                                         \
+    case ::fastrank::DType::f32: { using T = float; __VA_ARGS__; } break;               \
+    case ::fastrank::DType::f64: { using T = double; __VA_ARGS__; } break;              \
+    case ::fastrank::DType::f16: { using T = __half; __VA_ARGS__; } break;              \
+    case ::fastrank::DType::bf16: { using T = __nv_bfloat16; __VA_ARGS__; } break;      \
+    default: return static_cast<int>(cudaErrorInvalidValue);                            \
+  }
+#endif
+
+// ---- exp(x) for x <= 0 ------------------------------------------------------------
+// float on the CPU: Cephes-style expf (Cody-Waite reduction, degree-6 polynomial,
+// about 1 ulp), written as straight-line arithmetic so that it vectorises. Below -87
+// it returns 0 instead of a denormal (exp(-87) = 1.6e-38, far below anything a loss
+// sum sees; denormal arithmetic would slow the whole vector loop down many times).
+// float on the GPU: the hardware __expf. double: exp().
+FR_HD float exp_nonpos(float x) {
+#if defined(__CUDA_ARCH__)
+  return __expf(x);
+#else
+  const bool tiny = x < -87.0f;  // exp < 1.7e-38: return 0 rather than a denormal
+  x = tiny ? -87.0f : x;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  union { int32_t i; float f; } scale;  // 2^n built from its exponent bits, n in [-126, 0]
+  scale.i = (static_cast<int32_t>(n) + 127) << 23;
+  return tiny ? 0.0f : y * scale.f;
+#endif
+}
+FR_HD double exp_nonpos(double x) { return exp(x); }
+
+// ---- logistic ----------------------------------------------------------------------
+// For x: e = exp(-|x|) in (0, 1], a = 1 / (1 + e) = sigma(|x|), b = e * a = sigma(-|x|).
+// Then sigma(x) and sigma(-x) are a and b in some order, and sigma'(x) = a * b:
+// one exp serves both members of a pair (sigma(-x) = 1 - sigma(x)) without the
+// cancellation of computing 1 - sigma(x) when sigma(x) is near 1.
+template <typename A> struct Logistic {
+  A pos;    // sigma(x)
+  A neg;    // sigma(-x) = 1 - sigma(x)
+  A deriv;  // sigma'(x) = sigma(x) * sigma(-x)
+};
+
+template <typename A> FR_HD Logistic<A> logistic(A x) {
+  const A e = exp_nonpos(x >= A(0) ? -x : x);
+  const A a = A(1) / (A(1) + e);
+  const A b = e * a;
+  Logistic<A> l;
+  l.pos = x >= A(0) ? a : b;
+  l.neg = x >= A(0) ? b : a;
+  l.deriv = a * b;
+  return l;
+}
+
+// The two halves separately (the compiler shares the exp when both are used in one
+// loop body); a struct return would block GCC's vectoriser.
+template <typename A> FR_HD A logistic_pos(A x) {
+  const A e = exp_nonpos(x >= A(0) ? -x : x);
+  const A a = A(1) / (A(1) + e);
+  return x >= A(0) ? a : e * a;
+}
+template <typename A> FR_HD A logistic_neg(A x) {
+  const A e = exp_nonpos(x >= A(0) ? -x : x);
+  const A a = A(1) / (A(1) + e);
+  return x >= A(0) ? e * a : a;
+}
+
+template <typename A> FR_HD A logistic_deriv(A x) {
+  const A e = exp_nonpos(x >= A(0) ? -x : x);
+  const A a = A(1) / (A(1) + e);
+  return e * a * a;
+}
+
+// ---- NDCG pieces (paper 000, Eq. 17) -------------------------------------------------
+// gain g = 2^r - 1; discount f(p) = 1 / log2(1 + p) = ln 2 / ln(1 + p);
+// f'(p) = -ln 2 / ((1 + p) * ln(1 + p)^2).
+template <typename A> FR_HD A ndcg_gain(A r) { return exp2(r) - A(1); }
+template <typename A> FR_HD A ndcg_discount(A p) { return A(0.69314718055994530942) / log1p(p); }
+template <typename A> FR_HD A ndcg_discount_deriv(A p) {
+  const A l = log1p(p);
+  return -A(0.69314718055994530942) / ((A(1) + p) * l * l);
+}
+
+// ---- small CPU helpers ----------------------------------------------------------------
+// Copy element j of a strided row into a contiguous buffer (any input strides).
+template <typename T>
+inline void gather_row(const T* row, int64_t stride, int64_t n, T* out) {
+  if (stride == 1) {
+    std::memcpy(out, row, sizeof(T) * static_cast<size_t>(n));
+  } else {
+    for (int64_t j = 0; j < n; ++j) out[j] = row[j * stride];
+  }
+}
+
+#if defined(__CUDACC__)
+// ---- CUDA helpers ------------------------------------------------------------------------
+// Launch checks: entry points return the cudaError_t of the launch as int (0 = success).
+#define FASTRANK_CUDA_CHECK_LAUNCH() \
+  do { cudaError_t e_ = cudaGetLastError(); if (e_ != cudaSuccess) return static_cast<int>(e_); } while (0)
+
+// Deterministic block sum of one value per thread (fixed tree order, no atomics).
+// `scratch` holds blockDim.x values; blockDim.x must be a power of two. Every thread
+// returns the block's sum.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v, A* scratch) {
+  const int t = threadIdx.x;
+  scratch[t] = v;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (t < w) scratch[t] += scratch[t + w];
+    __syncthreads();
+  }
+  const A total = scratch[0];
+  __syncthreads();
+  return total;
+}
+#endif
+
+}  // namespace fastrank

@@ -1,0 +1,61 @@
+"""Encoder registries: look encoders up by name (``build_image_encoder("gpo", 2048, 1024)``).
+
+Every registered class is built as ``cls(in_dim, embed_dim, **kw)``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Type
+
+from torch import nn
+
+IMAGE_ENCODERS: Dict[str, Type[nn.Module]] = {}
+TEXT_ENCODERS: Dict[str, Type[nn.Module]] = {}
+
+
+def _register(table: Dict[str, Type[nn.Module]], kind: str, name: str) -> Callable:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{kind} encoder name must be a non-empty string, got {name!r}")
+
+    def deco(cls):
+        if name in table and table[name] is not cls:
+            raise ValueError(f"{kind} encoder {name!r} is already registered ({table[name].__name__})")
+        table[name] = cls
+        return cls
+    return deco
+
+
+def register_image_encoder(name: str) -> Callable:
+    """Class decorator: ``@register_image_encoder("mine")`` makes ``build_image_encoder("mine", ...)``
+    build the class as ``cls(in_dim, embed_dim, **kw)``. Re-using a taken name raises ValueError."""
+    return _register(IMAGE_ENCODERS, "image", name)
+
+
+def register_text_encoder(name: str) -> Callable:
+    """Class decorator, as :func:`register_image_encoder`, for text encoders."""
+    return _register(TEXT_ENCODERS, "text", name)
+
+
+def _build(table, kind, name, in_dim, embed_dim, kw) -> nn.Module:
+    if name not in table:
+        raise ValueError(f"unknown {kind} encoder {name!r}; registered: {sorted(table)}")
+    return table[name](in_dim, embed_dim, **kw)
+
+
+def build_image_encoder(name: str, in_dim: int, embed_dim: int = 1024, **kw) -> nn.Module:
+    """Build the image encoder registered as ``name`` (see ``IMAGE_ENCODERS``).
+
+    in_dim: feature dimension D of the precomputed image features (B, R, D) or (B, D).
+    embed_dim: output dimension of the joint embedding space.
+    Unknown names raise ValueError listing the registered ones.
+    """
+    return _build(IMAGE_ENCODERS, "image", name, in_dim, embed_dim, kw)
+
+
+def build_text_encoder(name: str, in_dim: Optional[int] = None, embed_dim: int = 1024, **kw) -> nn.Module:
+    """Build the text encoder registered as ``name`` (see ``TEXT_ENCODERS``).
+
+    in_dim: vocabulary size for ``"gru"`` (or pass ``vocab=``), sentence-vector dimension
+    for ``"mlp"``, ignored (None) for ``"sbert"``.
+    Unknown names raise ValueError listing the registered ones.
+    """
+    return _build(TEXT_ENCODERS, "text", name, in_dim, embed_dim, kw)
