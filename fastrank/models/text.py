@@ -135,8 +135,8 @@ class SBERTTextEncoder(nn.Module):
         self.embed_dim = V.check_int(embed_dim, "embed_dim")
         self.finetune = bool(finetune)
         self.proj = nn.Linear(dim, self.embed_dim)
+        self.sbert.requires_grad_(self.finetune)
         if not self.finetune:
-            self.sbert.requires_grad_(False)
             self.sbert.eval()
 
     def train(self, mode: bool = True):

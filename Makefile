@@ -1,0 +1,41 @@
+# The two commands of the README, each installing what it needs into .venv:
+#   make demo   train the seed recipes on the built-in demo data (fastrank demo)
+#   make test   the whole test suite (.ci/run calls it)
+# A CPU build of torch 2.13.0 is installed into the venv only when it has no torch;
+# pip is never allowed to swap that torch for another (constraint file).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.fastrank-installed
+SOURCES := $(shell find csrc fastrank -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
+           pyproject.toml setup.py CMakeLists.txt
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): $(VENV)/bin/python $(SOURCES)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
+	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q ".[test]"
+	@touch $(STAMP)
+
+# pytest (not `python -m pytest`) so that the installed package, with its native
+# modules, is imported rather than the source tree.
+test: install
+	FASTRANK_REQUIRE_NATIVE=1 $(VENV)/bin/pytest -q tests
+
+demo: install
+	$(PY) -m fastrank demo
+
+bench: install
+	$(PY) -m benchmarks --quick
+
+clean:
+	rm -rf build $(VENV) fastrank/_C_*.so demo_results

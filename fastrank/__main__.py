@@ -1,0 +1,6 @@
+"""``python -m fastrank``: the same command line as ``fastrank`` (see fastrank/cli.py)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

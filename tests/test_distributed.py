@@ -1,0 +1,181 @@
+"""fastrank.distributed: LocalLoss over 2 real gloo processes on CPU.
+
+Checks the documented convention: the ranks' LocalLoss values sum to the single-process
+loss of the full batch, the gradients that reach each rank's local embeddings are the
+single-process gradients of its slice, and under DDP ``(loss * world_size).backward()``
+gives the single-process parameter gradient.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fastrank
+import fastrank.nn as fnn
+from fastrank.distributed import LocalLoss, all_gather_with_grad
+
+W = 2          # world size
+B = 3          # images per rank
+D = 5
+D64 = torch.float64
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+
+def make_data():
+    g = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(W * B, D, generator=g, dtype=D64), dim=1)
+    txt = torch.nn.functional.normalize(torch.randn(W * B, D, generator=g, dtype=D64), dim=1)
+    cap = torch.nn.functional.normalize(torch.randn(W * 2 * B, D, generator=g, dtype=D64), dim=1)
+    rel = torch.rand(W * B, W * B, generator=g, dtype=D64)
+    rel.fill_diagonal_(1.0)
+    # 2 captions per image: caption c belongs to image c // 2
+    pos2 = torch.arange(W * B).unsqueeze(1) == (torch.arange(W * 2 * B) // 2).unsqueeze(0)
+    return img, txt, cap, rel, pos2
+
+
+class Encoder(torch.nn.Module):
+    """A shared linear map for images and captions (a stand-in for two towers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(D, D).double()
+
+    def forward(self, img, txt):
+        return self.lin(img), self.lin(txt)
+
+
+def cases():
+    """name -> (LocalLoss, full-batch loss(img, txt), images, captions, relevance, positives)."""
+    img, txt, cap, rel, pos2 = make_data()
+    scale = lambda a, b: 10.0 * a @ b.t()  # noqa: E731
+    return {
+        "triplet_mean": (LocalLoss(fastrank.triplet_loss, margin=0.2),
+                         lambda i, t: fastrank.triplet_loss(i @ t.t(), margin=0.2), img, txt, None, None),
+        "triplet_soft_sum_2caps": (
+            LocalLoss(fastrank.triplet_loss, mining="soft", gamma=5.0, reduction="sum"),
+            lambda i, t: fastrank.triplet_loss(i @ t.t(), mining="soft", gamma=5.0, positives=pos2,
+                                               reduction="sum"), img, cap, None, pos2),
+        "triplet_module_t2i": (LocalLoss(fnn.TripletLoss(mining="all", direction="t2i")),
+                               lambda i, t: fastrank.triplet_loss(i @ t.t(), mining="all", direction="t2i"),
+                               img, txt, None, None),
+        "smooth_ndcg_mean": (LocalLoss(fastrank.smooth_ndcg_loss, tau=0.1),
+                             lambda i, t: fastrank.smooth_ndcg_loss(i @ t.t(), rel, tau=0.1),
+                             img, txt, rel, None),
+        "smooth_ndcg_module_scaled": (LocalLoss(fnn.SmoothNDCGLoss(tau=0.5, reduction="sum"), sim_fn=scale),
+                                      lambda i, t: fastrank.smooth_ndcg_loss(scale(i, t), rel, tau=0.5,
+                                                                             reduction="sum"),
+                                      img, txt, rel, None),
+        "smooth_ndcg_pair_relevance": (LocalLoss(fastrank.smooth_ndcg_loss, tau=0.1, direction="i2t"),
+                                       lambda i, t: fastrank.smooth_ndcg_loss(i @ t.t(), rel, tau=0.1,
+                                                                              direction="i2t"),
+                                       img, txt, "pair", None),
+    }
+
+
+def _worker(rank, port, out_dir):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W)
+    try:
+        results = {}
+        _, _, _, rel, _ = make_data()
+        for name, (loss, _, img, txt, relevance, positives) in cases().items():
+            bi, bt = img.shape[0] // W, txt.shape[0] // W
+            img_l = img[rank * bi:(rank + 1) * bi].clone().requires_grad_()
+            txt_l = txt[rank * bt:(rank + 1) * bt].clone().requires_grad_()
+            if isinstance(relevance, str):   # this rank's (rows, cols) pair
+                relevance = (rel[rank * bi:(rank + 1) * bi], rel[:, rank * bt:(rank + 1) * bt])
+            value = loss(img_l, txt_l, relevance=relevance, positives=positives)
+            value.backward()
+            results[name] = (value.detach(), img_l.grad, txt_l.grad)
+        # DDP: a shared linear encoder, loss * world_size, averaged gradients
+        torch.manual_seed(0)
+        model = Encoder()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        img, txt, _, _, _ = make_data()
+        local = LocalLoss(fastrank.triplet_loss)
+        loss = local(*ddp(img[rank * B:(rank + 1) * B], txt[rank * B:(rank + 1) * B]))
+        (loss * dist.get_world_size()).backward()
+        results["ddp"] = [p.grad.clone() for p in model.parameters()]
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=W, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(W)]
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_local_loss_sums_to_full_batch_loss_and_gradients(rank_results, name):
+    _, full_fn, img, txt, _, _ = cases()[name]
+    img = img.clone().requires_grad_()
+    txt = txt.clone().requires_grad_()
+    full = full_fn(img, txt)
+    g_img, g_txt = torch.autograd.grad(full, (img, txt))
+    total = sum(rank_results[r][name][0] for r in range(W))
+    torch.testing.assert_close(total, full.detach())
+    # each rank's local gradient is the single-process gradient of its slice
+    torch.testing.assert_close(torch.cat([rank_results[r][name][1] for r in range(W)]), g_img)
+    torch.testing.assert_close(torch.cat([rank_results[r][name][2] for r in range(W)]), g_txt)
+
+
+def test_ddp_with_world_size_scaling_gives_single_process_gradient(rank_results):
+    torch.manual_seed(0)
+    model = Encoder()
+    img, txt, _, _, _ = make_data()
+    i, t = model(img, txt)
+    full = fastrank.triplet_loss(i @ t.t())
+    grads = torch.autograd.grad(full, list(model.parameters()))
+    for r in range(W):   # DDP leaves the same averaged gradient on every rank
+        for got, exp in zip(rank_results[r]["ddp"], grads):
+            torch.testing.assert_close(got, exp)
+
+
+def test_single_process_is_the_plain_loss():
+    assert not dist.is_initialized()
+    img, txt, _, rel, _ = make_data()
+    x = img.clone().requires_grad_()
+    assert all_gather_with_grad(x) is x
+    torch.testing.assert_close(LocalLoss(fastrank.triplet_loss, reduction="none")(img, txt),
+                               fastrank.triplet_loss(img @ txt.t(), reduction="none"))
+    torch.testing.assert_close(LocalLoss(fnn.SmoothNDCGLoss(tau=0.2))(img, txt, relevance=rel),
+                               fastrank.smooth_ndcg_loss(img @ txt.t(), rel, tau=0.2))
+
+
+def test_local_loss_bad_input():
+    img, txt, cap, rel, _ = make_data()
+    with pytest.raises(ValueError, match="relevance"):
+        LocalLoss(fastrank.smooth_ndcg_loss)(img, txt)
+    with pytest.raises(ValueError, match="relevance"):
+        LocalLoss(fastrank.smooth_ndcg_loss)(img, txt, relevance=rel[:2])
+    with pytest.raises(ValueError, match="positives"):
+        LocalLoss(fastrank.triplet_loss)(img, cap)          # 1 image : 2 captions, no positives
+    with pytest.raises(ValueError, match="direction"):
+        LocalLoss(fastrank.triplet_loss, direction="up")
+    with pytest.raises(ValueError, match="module"):
+        LocalLoss(fnn.TripletLoss(), margin=0.1)
+    with pytest.raises(ValueError, match="direction= and reduction="):
+        LocalLoss(lambda sim: sim.sum())
+    with pytest.raises(ValueError, match="img_local"):
+        LocalLoss(fastrank.triplet_loss)(img[0], txt)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
