@@ -371,6 +371,8 @@ def test_ladder_edge_cases(hard):
     pos = torch.tensor([[True, False, False]])
     out = fastrank.ladder_loss(s, rel, positives=pos, direction="i2t", hard=hard, weights=(0.0, 1.0))
     assert out.item() == pytest.approx(0.01 - 0.1 + 0.5)
+    out32 = fastrank.ladder_loss(s, rel.float(), positives=pos, direction="i2t", hard=hard, weights=(0.0, 1.0))
+    assert out32.item() == pytest.approx(0.01 - 0.1 + 0.5)   # float32 0.63 is still >= theta_1
     # N = 1 and ties (the hard max/min split ties differently from the loop's first-max,
     # both valid subgradients: compare values there, gradients too for the pairwise sum)
     s = torch.full((1, 5), 0.3, dtype=D64, requires_grad=True)

@@ -109,7 +109,7 @@ def ladder_loss(sim: Tensor, relevance: Tensor, thresholds: Sequence[float] = (0
     V.check_direction(direction)
     V.check_reduction(reduction)
     s = to_acc(sim)
-    relevance = relevance.detach().to(s.dtype)
+    relevance = relevance.detach()   # only compared with the thresholds, in its own dtype
 
     def per_query(sq, rq, pq):
         return ladder_per_query(sq, rq, pq, thresholds, margins, weights, hard)
