@@ -470,3 +470,16 @@ def test_sbert_frozen_and_finetuned(sbert_model):
         build_text_encoder("sbert", 100, E, model=sbert_model)
     with pytest.raises(TypeError, match="strings"):
         enc(torch.randn(2, 3))
+
+
+def test_vse_with_sentence_vectors():
+    model = build_vse("mlp", "mlp", D, 20, E, image_kw={"hidden_dims": (12, 10)},
+                      text_kw={"hidden_dims": (12, 10)})
+    vecs = np.random.default_rng(0).standard_normal((6, 20))        # float64 numpy vectors
+    t = model.encode_texts(vecs, batch_size=4)
+    assert t.shape == (6, E) and t.dtype == torch.float32
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(t, model.embed_texts(torch.as_tensor(vecs, dtype=torch.float32)))
+    out = model(torch.randn(B, D), torch.randn(B, 20))
+    assert out.sim.shape == (B, B)

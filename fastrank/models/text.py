@@ -128,7 +128,7 @@ class SBERTTextEncoder(nn.Module):
         if not isinstance(model, SentenceTransformer):
             model = SentenceTransformer(str(model), device=str(device) if device is not None else "cpu")
         self.sbert = model
-        dim = model.get_sentence_embedding_dimension()
+        dim = (getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)()
         if in_dim is not None and in_dim != dim:
             raise ValueError(f"in_dim ({in_dim}) does not match the sentence model's dimension ({dim})")
         self.in_dim = dim

@@ -1,7 +1,7 @@
 """VSE: one image encoder + one text encoder in a joint, L2-normalised embedding space."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -146,10 +146,10 @@ class VSE(nn.Module):
             out = []
             for s, e in _batches(captions, batch_size):
                 c = captions[s:e]
-                if isinstance(c, Tensor):
-                    c = c.to(self.device)
-                elif isinstance(c, np.ndarray):
-                    c = torch.as_tensor(c, device=self.device)
+                if isinstance(c, np.ndarray):
+                    c = torch.as_tensor(c)
+                if isinstance(c, Tensor):  # sentence vectors take the model's dtype, word ids stay long
+                    c = c.to(self.device, self.dtype if c.is_floating_point() else c.dtype)
                 out.append(self.embed_texts(c, None if lengths is None else lengths[s:e]))
             return torch.cat(out)
         finally:
