@@ -21,6 +21,19 @@ from .losses.dvse import variance_weighted_loss, orthogonal_loss
 
 from . import nn  # noqa: E402  (module forms)
 
+_LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed")
+
+
+def __getattr__(name):
+    """fastrank.metrics, .relevance, .models, .data, .train, .distributed are imported on
+    first use, so `import fastrank` stays fast (sentence-transformers is heavy)."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'fastrank' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__", "backends", "nn",
     "smooth_ndcg_loss", "kendall_loss", "kendall_sw_loss", "fast_rerank", "fast_rerank_topk",
