@@ -295,3 +295,21 @@ def test_cuda_low_precision_error_bound(dtype):
     # the kernel sees the rounded inputs too: compare both against float64 on the original input
     kern_err = (s_k.grad.double().cpu() - ref64[1]).abs().max().item()
     assert kern_err <= 2 * ref_err + 1e-12
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_low_precision_error_bound(dtype):
+    """The kernel's error vs float64 is at most 2x that of the pure-PyTorch reference run
+    in the same low precision (both start from the same rounded inputs)."""
+    sim, rel = rand_case(64, 48, seed=16)
+    ref64 = both_impls(sim, rel, 0.05, "both", "none")["reference"]
+    x = sim.to(dtype).requires_grad_(True)
+    lp = smooth_ndcg_per_query(x, rel.to(dtype), 0.05).sum() + \
+        smooth_ndcg_per_query(x.t(), rel.to(dtype).t(), 0.05).sum()
+    lp.backward()
+    ref_err = (x.grad.double() - ref64[1]).abs().max().item()
+    y = sim.to(dtype).requires_grad_(True)
+    fastrank.smooth_ndcg_loss(y, rel, 0.05, "both", "none", impl="native").sum().backward()
+    assert y.grad.dtype == dtype
+    assert (y.grad.double() - ref64[1]).abs().max().item() <= 2 * ref_err
