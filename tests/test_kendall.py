@@ -310,14 +310,22 @@ def test_cuda_float64_and_deterministic():
 @needs_cuda
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
 def test_cuda_low_precision_error(dt):
+    from fastrank.reference.kendall import kendall_per_query
+
+    def both(s, r):  # per-query losses of both directions, relevance (the pair test) in float32
+        return torch.cat([kendall_per_query(s, r, 0.1), kendall_per_query(s.t(), r.t(), 0.1)])
+
     sim, rel = rand_case(96, 80, 13)
     sim_lp = sim.to(dt)
-    exact_l, exact_g = loss_and_grad(sim_lp.double(), rel.double(), reduction="none", impl="reference")
+    # exact: float64 arithmetic on the low-precision inputs
+    s64 = sim_lp.double().requires_grad_(True)
+    exact_l = both(s64, rel)
+    exact_l.sum().backward()
+    exact_l, exact_g = exact_l.detach(), s64.grad
     l_k, g_k = loss_and_grad(sim_lp.cuda(), rel.cuda(), reduction="none", impl="native")
     # the pure-PyTorch reference run in the same low precision, as a user would
     s = sim_lp.cuda().requires_grad_(True)
-    from fastrank.reference.kendall import kendall_per_query
-    l_ref = torch.cat([kendall_per_query(s, rel.cuda(), 0.1), kendall_per_query(s.t(), rel.cuda().t(), 0.1)])
+    l_ref = both(s, rel.cuda())
     l_ref.sum().backward()
     err = lambda a, b: (a.double().cpu() - b).abs().max().item()
     assert g_k.dtype == dt

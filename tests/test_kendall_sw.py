@@ -397,15 +397,21 @@ def test_cuda_float64_and_deterministic():
 @needs_cuda
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
 def test_cuda_low_precision_error(dt):
+    def both(s, r):  # per-query losses of both directions, window membership in float32
+        upper, lower = edge_tensors(0.1, 0.05, (0.0, 1.0), torch.float32, s.device)
+        return torch.cat([kendall_sw_per_query(s, r, upper, lower), kendall_sw_per_query(s.t(), r.t(), upper, lower)])
+
     sim, rel = rand_case(96, 80, 15)
     sim_lp = sim.to(dt)
-    exact_l, exact_g = loss_and_grad(sim_lp.double(), rel.double(), reduction="none", impl="reference")
+    # exact: float64 arithmetic on the low-precision inputs
+    s64 = sim_lp.double().requires_grad_(True)
+    exact_l = both(s64, rel)
+    exact_l.sum().backward()
+    exact_l, exact_g = exact_l.detach(), s64.grad
     l_k, g_k = loss_and_grad(sim_lp.cuda(), rel.cuda(), reduction="none", impl="native")
     # the pure-PyTorch reference run in the same low precision, as a user would
     s = sim_lp.cuda().requires_grad_(True)
-    upper, lower = edge_tensors(0.1, 0.05, (0.0, 1.0), torch.float32, s.device)
-    l_ref = torch.cat([kendall_sw_per_query(s, rel.cuda(), upper, lower),
-                       kendall_sw_per_query(s.t(), rel.cuda().t(), upper, lower)])
+    l_ref = both(s, rel.cuda())
     l_ref.sum().backward()
     err = lambda a, b: (a.double().cpu() - b).abs().max().item()
     assert g_k.dtype == dt

@@ -17,7 +17,7 @@
 // has r = -inf, r + a = +inf, so no pair with it is active). The masks are combined with
 // `&`, not `&&`, so the loads are unconditional and GCC keeps the reduction accumulators
 // in registers (with `&&` it spills them to the stack: 2x slower).
-// Parallelism: OpenMP over queries (each query is summed by one thread in a fixed order:
+// Parallelism: OpenMP over queries when the work is large enough (each query is summed by one thread in a fixed order:
 // bit-identical run to run).
 // r + a is materialised in its own loop so the comparison r_j > (r_k + a) uses the same
 // rounded value as the reference (the compiler cannot rewrite it as r_j - r_k > a).
@@ -38,7 +38,10 @@ void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, in
                   int64_t rel_sc, int64_t n_q, int64_t n_c, T alpha, T* loss, T* dsim) {
   const int64_t n_pad = (n_c + kPad - 1) / kPad * kPad;
   const T inf = std::numeric_limits<T>::infinity();
-#pragma omp parallel
+  // below ~50 us of work a parallel region costs more than it saves (and on a busy
+  // machine it can wait a whole time slice for its second thread)
+  const bool parallel = n_q > 1 && n_q * n_pad * n_pad / 2 >= (int64_t(1) << 18);
+#pragma omp parallel if (parallel)
   {
     std::vector<T> s_buf(n_pad, T(0)), r_buf(n_pad, -inf), ra_buf(n_pad, inf), g_buf(n_pad), kf_buf(n_pad);
     for (int64_t k = 0; k < n_pad; ++k) kf_buf[k] = static_cast<T>(k);

@@ -18,7 +18,8 @@
 // buckets); outputs loss (n_q) and idx (n_q, n_w, 2) int32.
 // Backward: per query, an integer counter per candidate (+1 as k*, -1 as j* of each
 // active window, in window order), then grad = count * grad_loss / n_w: every gradient
-// entry is written once, no atomics. OpenMP over queries; deterministic.
+// entry is written once, no atomics. OpenMP over queries (for large enough problems);
+// deterministic.
 #include "fastrank/kendall_sw.h"
 
 #include <algorithm>
@@ -34,7 +35,9 @@ void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, in
                   int64_t rel_sc, int64_t n_q, int64_t n_c, const T* upper, const T* lower, int64_t n_w,
                   T* loss, int32_t* idx) {
   const T inf = std::numeric_limits<T>::infinity();
-#pragma omp parallel
+  // small problems run on the calling thread: a parallel region costs more than it saves
+  const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 15);
+#pragma omp parallel if (parallel)
   {
     std::vector<T> s_buf(n_c), r_buf(n_c), ps(n_w + 1), ns(n_w + 1);
     std::vector<int32_t> p_cnt(n_c), n_cnt(n_c), pi(n_w + 1), ni(n_w + 1);
@@ -99,7 +102,8 @@ void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, in
 template <typename T>
 void backward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, int64_t n_q, int64_t n_c,
                    const int32_t* idx, int64_t n_w, const T* grad_loss, T* grad_sim) {
-#pragma omp parallel
+  const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 17);
+#pragma omp parallel if (parallel)
   {
     std::vector<int32_t> count(n_c);
 #pragma omp for schedule(static)

@@ -29,8 +29,8 @@ def edge_tensors(alpha: float, beta: float, label_range: Tuple[float, float], dt
     dtype): the reference and the native kernels compare relevance against these same
     values, so they agree exactly on window membership."""
     upper, lower = sw_edges(alpha, beta, label_range)
-    return (torch.tensor(upper, dtype=torch.float64).to(dtype=dtype, device=device),
-            torch.tensor(lower, dtype=torch.float64).to(dtype=dtype, device=device))
+    return (torch.tensor(upper, dtype=dtype, device=device),   # each float64 rounded to dtype
+            torch.tensor(lower, dtype=dtype, device=device))
 
 
 def kendall_sw_per_query(sim: torch.Tensor, relevance: torch.Tensor, upper: torch.Tensor,
