@@ -106,6 +106,15 @@ def native_module(device: torch.device, impl: str, op: str):
     return mod
 
 
+@torch.compiler.assume_constant_result
+def has_native(device: torch.device, impl: str, op: str) -> bool:
+    """``native_module(device, impl, op) is not None``, safe to call under torch.compile:
+    dynamo runs it once at trace time and bakes in the answer, instead of tracing the
+    lazy ``importlib.import_module`` (which it refuses, failing fullgraph=True when the
+    first call of a fresh process is compiled)."""
+    return native_module(device, impl, op) is not None
+
+
 def stream_of(t: torch.Tensor) -> int:
     """The raw cudaStream_t of the current stream on t's device (0 on CPU)."""
     if t.device.type != "cuda":

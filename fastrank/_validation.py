@@ -140,3 +140,13 @@ def check_pair(value, name: str, check=check_positive):
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise ValueError(f"{name} must be a pair of numbers, got {value!r}")
     return tuple(check(v, f"{name}[{i}]") for i, v in enumerate(value))
+
+
+def check_interval(value, name: str):
+    """A pair (lo, hi) of finite numbers with lo < hi, e.g. label_range=(0.0, 1.0)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{name} must be a pair (lo, hi) of numbers, got {value!r}")
+    lo, hi = (check_real(v, f"{name}[{i}]") for i, v in enumerate(value))
+    if not lo < hi:
+        raise ValueError(f"{name} must satisfy lo < hi, got {value!r}")
+    return lo, hi

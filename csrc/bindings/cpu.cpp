@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "fastrank/kendall.h"
+#include "fastrank/kendall_sw.h"
 #include "fastrank/smooth_ndcg.h"
 // (kernel headers of the other ops are included in their sections below)
 
@@ -46,5 +48,29 @@ PYBIND11_MODULE(_C_cpu, m) {
     fastrank::cpu::smooth_ndcg_backward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
                                         rsc, nq, nc, as<const void>(idcg), as<const void>(pi),
                                         as<const void>(grad_loss), tau, as<void>(grad_sim));
+  });
+
+  // ---- kendall (csrc/cpu/kendall.cpp) ----
+  m.def("kendall_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq, i64 nc,
+                              double alpha, ptr loss, ptr dsim) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::kendall_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq, rsc, nq,
+                                   nc, alpha, as<void>(loss), as<void>(dsim));
+  });
+
+  // ---- kendall_sw (csrc/cpu/kendall_sw.cpp) ----
+  m.def("kendall_sw_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
+                                 i64 nc, ptr upper, ptr lower, i64 nw, ptr loss, ptr idx) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::kendall_sw_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq, rsc,
+                                      nq, nc, as<const void>(upper), as<const void>(lower), nw, as<void>(loss),
+                                      as<std::int32_t>(idx));
+  });
+  m.def("kendall_sw_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, i64 nq, i64 nc, ptr idx, i64 nw,
+                                  ptr grad_loss, ptr grad_sim) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::kendall_sw_backward(DType(dt), as<const void>(sim), ssq, ssc, nq, nc,
+                                       as<const std::int32_t>(idx), nw, as<const void>(grad_loss),
+                                       as<void>(grad_sim));
   });
 }

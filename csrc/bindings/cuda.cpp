@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "fastrank/kendall.h"
+#include "fastrank/kendall_sw.h"
 #include "fastrank/runtime.h"
 #include "fastrank/smooth_ndcg.h"
 
@@ -51,5 +53,32 @@ PYBIND11_MODULE(_C_cuda, m) {
                                                as<const void>(grad_loss), tau, as<void>(grad_sim),
                                                as<void>(stream)),
           "smooth_ndcg_backward");
+  });
+
+  // ---- kendall (csrc/cuda/kendall.cu) ----
+  m.def("kendall_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq, i64 nc,
+                              double alpha, ptr loss, ptr dsim, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::kendall_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
+                                          rsc, nq, nc, alpha, as<void>(loss), as<void>(dsim), as<void>(stream)),
+          "kendall_forward");
+  });
+
+  // ---- kendall_sw (csrc/cuda/kendall_sw.cu) ----
+  m.def("kendall_sw_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
+                                 i64 nc, ptr upper, ptr lower, i64 nw, ptr loss, ptr idx, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::kendall_sw_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
+                                             rsc, nq, nc, as<const void>(upper), as<const void>(lower), nw,
+                                             as<void>(loss), as<std::int32_t>(idx), as<void>(stream)),
+          "kendall_sw_forward");
+  });
+  m.def("kendall_sw_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, i64 nq, i64 nc, ptr idx, i64 nw,
+                                  ptr grad_loss, ptr grad_sim, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::kendall_sw_backward(DType(dt), as<const void>(sim), ssq, ssc, nq, nc,
+                                              as<const std::int32_t>(idx), nw, as<const void>(grad_loss),
+                                              as<void>(grad_sim), as<void>(stream)),
+          "kendall_sw_backward");
   });
 }

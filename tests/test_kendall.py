@@ -1,0 +1,333 @@
+"""kendall_loss (SPEC.md 2.2; paper 001, Eq. 17): oracle, reference, native CPU/CUDA."""
+import itertools
+
+import pytest
+import torch
+
+import fastrank
+from fastrank.ops.kendall import kendall_fwd
+
+CUDA = fastrank.backends()["cuda_available"]
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+DIRECTIONS = ("i2t", "t2i", "both")
+REDUCTIONS = ("mean", "sum", "none")
+
+
+# ---- oracle: plain Python loops in float64, written from SPEC.md 2.2 -------------------
+def oracle_query(s, r, alpha):
+    """(loss, d loss / d s) of one query from lists of floats."""
+    n = len(s)
+    total, count, grad = 0.0, 0, [0.0] * n
+    for j in range(n):
+        for k in range(n):
+            if r[j] > r[k] + alpha:
+                count += 1
+                if s[k] - s[j] > 0:
+                    total += s[k] - s[j]
+                    grad[k] += 1.0
+                    grad[j] -= 1.0
+    denom = max(count, 1)
+    return total / denom, [g / denom for g in grad]
+
+
+def oracle(sim, rel, alpha, direction="both", reduction="mean"):
+    """(loss, grad) of kendall_loss, with loss a float or a list (reduction="none")."""
+    sim_l, rel_l = sim.double().tolist(), rel.double().tolist()
+    n, m = len(sim_l), len(sim_l[0])
+    parts = []  # (losses, grads as (i, j) -> value), per direction
+    for d in (["i2t", "t2i"] if direction == "both" else [direction]):
+        losses, grads = [], {}
+        n_q, n_c = (n, m) if d == "i2t" else (m, n)
+        for q in range(n_q):
+            if d == "i2t":
+                s, r = sim_l[q], rel_l[q]
+            else:
+                s, r = [sim_l[i][q] for i in range(n)], [rel_l[i][q] for i in range(n)]
+            loss, g = oracle_query(s, r, alpha)
+            losses.append(loss)
+            for c in range(n_c):
+                grads[(q, c) if d == "i2t" else (c, q)] = g[c]
+        parts.append((losses, grads))
+    grad = torch.zeros(n, m, dtype=torch.float64)
+    if reduction == "none":
+        return [x for losses, _ in parts for x in losses], None
+    for losses, grads in parts:
+        w = 1.0 if reduction == "sum" else 1.0 / len(losses)
+        for (i, j), v in grads.items():
+            grad[i, j] += w * v
+    total = sum((sum(l) if reduction == "sum" else sum(l) / len(l)) for l, _ in parts)
+    return total, grad
+
+
+def loss_and_grad(sim, rel, **kw):
+    s = sim.detach().clone().requires_grad_(True)
+    loss = fastrank.kendall_loss(s, rel, **kw)
+    (loss.sum() if loss.dim() else loss).backward()
+    return loss.detach(), s.grad
+
+
+def rand_case(n, m, seed, kind="random", dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.randn(n, m, generator=g, dtype=torch.float64)
+    rel = torch.rand(n, m, generator=g, dtype=torch.float64)
+    if kind == "ties":  # ties in sim and in relevance, relevance differences exactly alpha
+        sim = torch.randint(-3, 4, (n, m), generator=g).double() * 0.25
+        rel = torch.randint(0, 21, (n, m), generator=g).double() * 0.05
+    elif kind == "equal_rel":
+        rel = torch.full((n, m), 0.7, dtype=torch.float64)
+    elif kind == "zero_rel":
+        rel = torch.zeros(n, m, dtype=torch.float64)
+    elif kind == "large":
+        sim = sim * 1e4
+    return sim.to(dtype), rel.to(dtype)
+
+
+# ---- (1) reference vs oracle (float64) ----------------------------------------------
+@pytest.mark.parametrize("direction,reduction", list(itertools.product(DIRECTIONS, REDUCTIONS)))
+@pytest.mark.parametrize("kind", ["random", "ties"])
+def test_reference_matches_oracle(direction, reduction, kind):
+    sim, rel = rand_case(5, 7, 1, kind, torch.float64)
+    want, want_grad = oracle(sim, rel, 0.1, direction, reduction)
+    loss, grad = loss_and_grad(sim, rel, alpha=0.1, direction=direction, reduction=reduction,
+                               impl="reference")
+    torch.testing.assert_close(loss, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    if want_grad is not None:
+        torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3])
+def test_native_matches_oracle(alpha):
+    sim, rel = rand_case(6, 4, 2, "ties", torch.float64)
+    want, want_grad = oracle(sim, rel, alpha)
+    loss, grad = loss_and_grad(sim, rel, alpha=alpha, impl="native")
+    torch.testing.assert_close(loss, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_oracle_hand_example():
+    # one query, r = (1, 0.5, 0), s = (0, 1, 2), alpha = 0.1: all 3 pairs active and
+    # violated: (s1 - s0) + (s2 - s0) + (s2 - s1) = 1 + 2 + 1 = 4, over 3 pairs
+    loss, grad = oracle_query([0.0, 1.0, 2.0], [1.0, 0.5, 0.0], 0.1)
+    assert loss == pytest.approx(4 / 3)
+    assert grad == pytest.approx([-2 / 3, 0.0, 2 / 3])
+    sim, rel = torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[1.0, 0.5, 0.0]])
+    for impl in ("reference", "native"):
+        out = fastrank.kendall_loss(sim, rel, direction="i2t", impl=impl)
+        assert out.item() == pytest.approx(4 / 3)
+
+
+# ---- (2) native vs reference ---------------------------------------------------------
+SHAPES = [(7, 5), (5, 7), (1, 6), (6, 1), (1, 1), (2, 2), (13, 2), (33, 40)]
+KINDS = ["random", "ties", "equal_rel", "zero_rel", "large"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_matches_reference(shape, kind, dtype):
+    sim, rel = rand_case(*shape, seed=hash((shape, kind)) % 1000, kind=kind, dtype=dtype)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    if kind == "large":
+        tol = dict(rtol=1e-5, atol=1e-2) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-8)
+    # every direction per query ("none"), and the two reductions of "both"
+    for direction, reduction in (("i2t", "none"), ("t2i", "none"), ("both", "mean"), ("both", "sum")):
+        kw = dict(alpha=0.1, direction=direction, reduction=reduction)
+        l_n, g_n = loss_and_grad(sim, rel, impl="native", **kw)
+        l_r, g_r = loss_and_grad(sim, rel, impl="reference", **kw)
+        assert l_n.dtype == l_r.dtype and g_n.dtype == sim.dtype
+        torch.testing.assert_close(l_n, l_r, **tol)
+        torch.testing.assert_close(g_n, g_r, rtol=tol["rtol"], atol=1e-6 if dtype == torch.float32 else 1e-12)
+
+
+def test_native_matches_reference_noncontiguous():
+    g = torch.Generator().manual_seed(3)
+    big_s = torch.randn(20, 30, generator=g)
+    big_r = torch.rand(30, 20, generator=g)
+    sim = big_s[::2, 1::3]            # (10, 10), strided
+    rel = big_r.t()[1::2, ::3]        # (10, 10), transposed + strided
+    assert not sim.is_contiguous() and not rel.is_contiguous()
+    l_n, g_n = loss_and_grad(sim, rel, impl="native")
+    l_r, g_r = loss_and_grad(sim.contiguous(), rel.contiguous(), impl="reference")
+    torch.testing.assert_close(l_n, l_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_n, g_r, rtol=1e-5, atol=1e-7)
+
+
+def test_half_inputs_on_cpu():
+    sim, rel = rand_case(6, 9, 4)
+    for dt in (torch.float16, torch.bfloat16):
+        l_n, g_n = loss_and_grad(sim.to(dt), rel, impl="native")
+        l_r, g_r = loss_and_grad(sim.to(dt).float(), rel, impl="reference")
+        assert g_n.dtype == dt and l_n.dtype == torch.float32
+        torch.testing.assert_close(l_n, l_r, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_n.float(), g_r.to(dt).float(), rtol=1e-2, atol=1e-3)
+
+
+def test_pair_test_rounding_matches_reference():
+    # relevance differences exactly alpha in decimal, not in binary: r_j > r_k + alpha must
+    # be decided identically (r_k + alpha rounded to float32) by kernel and reference
+    vals = torch.arange(0, 21, dtype=torch.float32) * 0.05
+    rel = vals.repeat(3, 1)
+    sim = torch.linspace(2, -2, 21).repeat(3, 1)  # every active pair violated
+    for alpha in (0.05, 0.1, 0.15, 0.3):
+        (loss_n, dsim), loss_r = kendall_fwd(sim, rel, alpha), None
+        active = rel.unsqueeze(2) > (rel + alpha).unsqueeze(1)
+        hinge = torch.relu(sim.unsqueeze(1) - sim.unsqueeze(2))
+        loss_r = (hinge * active).sum((1, 2)) / active.sum((1, 2)).clamp(min=1)
+        torch.testing.assert_close(loss_n, loss_r, rtol=1e-6, atol=0)
+        ref = fastrank.kendall_loss(sim, rel, alpha, direction="i2t", reduction="none", impl="reference")
+        torch.testing.assert_close(loss_n, ref, rtol=1e-6, atol=0)
+
+
+def test_subgradient_at_ties_is_zero():
+    sim = torch.zeros(1, 4, requires_grad=True)
+    rel = torch.tensor([[1.0, 0.6, 0.3, 0.0]])
+    for impl in ("native", "reference"):
+        loss = fastrank.kendall_loss(sim, rel, direction="i2t", impl=impl)
+        (g,) = torch.autograd.grad(loss, sim)
+        assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
+
+
+def test_module_form():
+    sim, rel = rand_case(5, 6, 5)
+    mod = fastrank.nn.KendallLoss(alpha=0.2, direction="t2i", reduction="sum")
+    assert "alpha=0.2" in repr(mod)
+    torch.testing.assert_close(mod(sim, rel), fastrank.kendall_loss(sim, rel, 0.2, "t2i", "sum"))
+    with pytest.raises(ValueError, match="alpha"):
+        fastrank.nn.KendallLoss(alpha=-1.0)
+
+
+# ---- (3) gradcheck --------------------------------------------------------------------
+def test_gradcheck_native_float64():
+    g = torch.Generator().manual_seed(6)
+    n, m = 5, 6
+    # distinct, well separated scores: no pair within 1e-3 of the hinge kink
+    sim = (torch.randperm(n * m, generator=g).double() * 0.1).reshape(n, m).requires_grad_(True)
+    rel = torch.rand(n, m, generator=g, dtype=torch.float64)
+    for direction in DIRECTIONS:
+        assert torch.autograd.gradcheck(
+            lambda s: fastrank.kendall_loss(s, rel, direction=direction, reduction="none", impl="native"),
+            (sim,), eps=1e-6, atol=1e-8)
+
+
+# ---- (4) torch.compile and opcheck ------------------------------------------------------
+def test_opcheck():
+    sim, rel = rand_case(5, 7, 7)
+    for s, r in ((sim, rel), (sim.t(), rel.t()), (sim.double(), rel.double())):
+        torch.library.opcheck(kendall_fwd, (s.clone().requires_grad_(True), r, 0.1))
+
+
+def test_torch_compile_fullgraph():
+    sim, rel = rand_case(6, 8, 8)
+
+    def f(s, r):
+        return fastrank.kendall_loss(s, r, alpha=0.1, impl="native") * 2.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    s1 = sim.clone().requires_grad_(True)
+    s2 = sim.clone().requires_grad_(True)
+    out_c, out_e = compiled(s1, rel), f(s2, rel)
+    torch.testing.assert_close(out_c, out_e)
+    out_c.backward()
+    out_e.backward()
+    torch.testing.assert_close(s1.grad, s2.grad)
+
+
+# ---- (5) bad inputs -----------------------------------------------------------------
+def test_bad_inputs():
+    sim, rel = rand_case(4, 4, 9)
+    f = fastrank.kendall_loss
+    with pytest.raises(TypeError, match="sim"):
+        f(sim.tolist(), rel)
+    with pytest.raises(TypeError, match="sim"):
+        f(sim.long(), rel)
+    with pytest.raises(TypeError, match="relevance"):
+        f(sim, rel.long())
+    with pytest.raises(ValueError, match="sim"):
+        f(sim[0], rel[0])
+    with pytest.raises(ValueError, match="sim"):
+        f(sim[:0], rel[:0])
+    with pytest.raises(ValueError, match="relevance"):
+        f(sim, rel[:3])
+    for bad in (float("nan"), float("inf")):
+        s = sim.clone()
+        s[1, 2] = bad
+        with pytest.raises(ValueError, match="sim"):
+            f(s, rel)
+        r = rel.clone()
+        r[0, 0] = bad
+        with pytest.raises(ValueError, match="relevance"):
+            f(sim, r)
+    for alpha in (-0.1, float("nan"), float("inf"), True, "0.1", None):
+        with pytest.raises(ValueError, match="alpha"):
+            f(sim, rel, alpha=alpha)
+    with pytest.raises(ValueError, match="direction"):
+        f(sim, rel, direction="x2y")
+    with pytest.raises(ValueError, match="reduction"):
+        f(sim, rel, reduction="avg")
+    with pytest.raises(ValueError, match="impl"):
+        f(sim, rel, impl="fast")
+
+
+@needs_cuda
+def test_bad_device_mix():
+    sim, rel = rand_case(4, 4, 9)
+    with pytest.raises(ValueError, match="relevance"):
+        fastrank.kendall_loss(sim.cuda(), rel)
+
+
+# ---- (6) determinism --------------------------------------------------------------------
+def test_deterministic():
+    sim, rel = rand_case(67, 45, 10)
+    l1, g1 = loss_and_grad(sim, rel, impl="native")
+    l2, g2 = loss_and_grad(sim, rel, impl="native")
+    assert torch.equal(l1, l2) and torch.equal(g1, g2)
+
+
+# ---- (7) CUDA ---------------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("shape", [(1, 1), (2, 2), (1, 7), (7, 1), (37, 300), (300, 37), (1100, 1030)])
+@pytest.mark.parametrize("kind", ["random", "ties", "zero_rel"])
+def test_cuda_matches_cpu_reference(shape, kind):
+    sim, rel = rand_case(*shape, seed=11, kind=kind)
+    for direction in DIRECTIONS:
+        l_c, g_c = loss_and_grad(sim.cuda(), rel.cuda(), direction=direction, reduction="none", impl="native")
+        l_r, g_r = loss_and_grad(sim, rel, direction=direction, reduction="none", impl="reference")
+        torch.testing.assert_close(l_c.cpu(), l_r, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_c.cpu(), g_r, rtol=1e-5, atol=1e-7)
+
+
+@needs_cuda
+def test_cuda_float64_and_deterministic():
+    sim, rel = rand_case(300, 200, 12, dtype=torch.float64)
+    l_c, g_c = loss_and_grad(sim.cuda(), rel.cuda(), impl="native")
+    l_2, g_2 = loss_and_grad(sim.cuda(), rel.cuda(), impl="native")
+    l_r, g_r = loss_and_grad(sim, rel, impl="reference")
+    torch.testing.assert_close(l_c.cpu(), l_r, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(g_c.cpu(), g_r, rtol=1e-10, atol=1e-14)
+    assert torch.equal(l_c, l_2) and torch.equal(g_c, g_2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_cuda_low_precision_error(dt):
+    from fastrank.reference.kendall import kendall_per_query
+
+    def both(s, r):  # per-query losses of both directions, relevance (the pair test) in float32
+        return torch.cat([kendall_per_query(s, r, 0.1), kendall_per_query(s.t(), r.t(), 0.1)])
+
+    sim, rel = rand_case(96, 80, 13)
+    sim_lp = sim.to(dt)
+    # exact: float64 arithmetic on the low-precision inputs
+    s64 = sim_lp.double().requires_grad_(True)
+    exact_l = both(s64, rel)
+    exact_l.sum().backward()
+    exact_l, exact_g = exact_l.detach(), s64.grad
+    l_k, g_k = loss_and_grad(sim_lp.cuda(), rel.cuda(), reduction="none", impl="native")
+    # the pure-PyTorch reference run in the same low precision, as a user would
+    s = sim_lp.cuda().requires_grad_(True)
+    l_ref = both(s, rel.cuda())
+    l_ref.sum().backward()
+    err = lambda a, b: (a.double().cpu() - b).abs().max().item()
+    assert g_k.dtype == dt
+    assert err(l_k, exact_l) <= 2 * err(l_ref, exact_l) + 1e-6
+    assert err(g_k, exact_g) <= 2 * err(s.grad, exact_g) + 1e-6
