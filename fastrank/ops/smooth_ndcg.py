@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import native_module
+from .._native import has_native
 from .._reduce import per_direction
 from ..reference.ndcg_terms import idcg as ideal_dcg
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
@@ -91,7 +91,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     impl = V.check_impl(impl)
     acc = acc_dtype(sim.dtype)
     relevance = relevance.detach().to(acc)
-    if native_module(sim.device, impl, "smooth_ndcg_loss") is None:
+    if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         def per_query(s, r):
             return smooth_ndcg_per_query(s.to(acc), r, tau)
     else:
