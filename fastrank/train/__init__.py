@@ -1,0 +1,27 @@
+"""The reference trainer (``fastrank train``), evaluation (``fastrank eval``) and the demo
+(``fastrank demo``).
+
+- :class:`Trainer` (``fastrank.train.loop``): VSE model + ``CombinedLoss`` with AdamW, step
+  decay, clipping, AMP on CUDA, evaluation every epoch, atomic checkpoints and ``--resume``,
+  data parallel under ``torchrun`` via ``fastrank.distributed.LocalLoss``.
+- :class:`Config` / :func:`load_config` (``fastrank.train.config``): TOML + flag overrides.
+- :func:`run_demo` (``fastrank.train.demo``): the seed recipes of the five papers side by side.
+"""
+from .config import (Config, DataConfig, EvalConfig, LossConfig, ModelConfig, OptimConfig,
+                     RelevanceConfig, TrainConfig, load_config, parse_override)
+from .checkpoint import load_checkpoint, save_atomic
+from .relevance_source import CaptionRelevance, embed_captions
+from .loop import (Trainer, build_model, epoch_batches, evaluate_checkpoint, load_datasets,
+                   model_from_checkpoint)
+
+__all__ = ["Config", "DataConfig", "EvalConfig", "LossConfig", "ModelConfig", "OptimConfig",
+           "RelevanceConfig", "TrainConfig", "load_config", "parse_override", "load_checkpoint",
+           "save_atomic", "CaptionRelevance", "embed_captions", "Trainer", "build_model",
+           "epoch_batches", "evaluate_checkpoint", "load_datasets", "model_from_checkpoint", "run_demo"]
+
+
+def __getattr__(name):
+    if name == "run_demo":  # matplotlib and the recipes load on first use
+        from .demo import run_demo
+        return run_demo
+    raise AttributeError(f"module 'fastrank.train' has no attribute {name!r}")

@@ -1,0 +1,495 @@
+"""The reference trainer: a VSE model, a ``CombinedLoss`` over each global batch, AdamW with
+step decay, gradient clipping, AMP on CUDA, evaluation every epoch, atomic checkpoints with
+exact resume, and data parallelism over ``torchrun`` ranks.
+
+Data order. Epoch e visits the training captions in the permutation drawn from a generator
+seeded with (seed, e), cut into global batches of ``train.batch_size`` (the last incomplete
+batch is dropped). Rank r of W takes the slice ``[r * B/W, (r + 1) * B/W)`` of every global
+batch. The order depends on nothing else, so a resumed run and a W-rank run see exactly the
+batches of an uninterrupted single-process run.
+
+Loss. Each term of the ``CombinedLoss`` runs through :class:`fastrank.distributed.LocalLoss`:
+rank r scores its own queries against the gathered global batch, the ranks' values sum to the
+single-process loss of the global batch, and ``(loss * W).backward()`` under DDP's gradient
+averaging gives the single-process gradient (the convention of ``fastrank.distributed``). With
+one process this is the plain loss of the batch. Positives are the pairs that share an image
+(``image_index[:, None] == image_index[None, :]``: a batch may hold two captions of one image);
+relevance (when a term needs it) is built for the global batch from the cached caption
+embeddings (see :mod:`fastrank.train.relevance_source`).
+
+Files in ``train.out_dir``: ``last.pt`` (everything needed to resume: model, optimizer,
+scheduler, grad scaler, RNG states, epoch, history), ``best.pt`` (the same, at the best
+``eval.best_by`` so far), ``metrics.jsonl`` (one JSON line per epoch), ``config.json``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..data import PrecompCollate, PrecompDataset, Vocab, make_demo
+from ..distributed import LocalLoss
+from ..models import VSE, build_vse
+from ..nn import CombinedLoss
+from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
+from .config import Config
+from .relevance_source import CaptionRelevance
+
+__all__ = ["Trainer", "load_datasets", "build_model", "epoch_batches", "seed_everything",
+           "model_from_checkpoint", "evaluate_checkpoint", "CHECKPOINT_FORMAT"]
+
+CHECKPOINT_FORMAT = "fastrank-train-1"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def load_datasets(data_cfg) -> Tuple[PrecompDataset, PrecompDataset]:
+    """(train, eval) datasets of a :class:`~fastrank.train.config.DataConfig`; ``path = "demo"``
+    generates the demo data in memory (its splits are "train" and "test")."""
+    cpi = data_cfg.captions_per_image
+    if data_cfg.path == "demo":
+        splits = make_demo(seed=data_cfg.demo_seed, n_train=data_cfg.demo_n_train,
+                           n_test=data_cfg.demo_n_test, captions_per_image=cpi)
+        out = []
+        for name in (data_cfg.train_split, data_cfg.eval_split):
+            if name not in splits:
+                raise ValueError(f"the demo data has splits {sorted(splits)}, not {name!r}")
+            out.append(PrecompDataset.from_arrays(splits[name].images, splits[name].captions, cpi, split=name))
+        return out[0], out[1]
+    return (PrecompDataset(data_cfg.path, data_cfg.train_split, cpi),
+            PrecompDataset(data_cfg.path, data_cfg.eval_split, cpi))
+
+
+def build_model(model_cfg, img_dim: int, vocab: Optional[Vocab]) -> VSE:
+    """``build_vse`` from a :class:`~fastrank.train.config.ModelConfig`; a gru text encoder
+    gets ``vocab`` (so it takes caption strings)."""
+    text_kw = dict(model_cfg.text_kw)
+    if model_cfg.text_encoder == "gru":
+        text_kw["vocab"] = vocab
+    if model_cfg.image_encoder == "sub_embed":
+        raise ValueError("model.image_encoder = 'sub_embed' is not supported by the trainer (its "
+                         "losses take the (K, N, M) sub-similarities); use a single-embedding encoder")
+    return build_vse(model_cfg.image_encoder, model_cfg.text_encoder, img_dim,
+                     embed_dim=model_cfg.embed_dim, image_kw=dict(model_cfg.image_kw), text_kw=text_kw)
+
+
+def epoch_batches(n_items: int, batch_size: int, seed: int, epoch: int, max_steps: int = 0) -> torch.Tensor:
+    """(n_steps, batch_size) LongTensor: the global batches of epoch ``epoch`` (0-based), a
+    permutation of range(n_items) seeded by (seed, epoch), the last incomplete batch dropped."""
+    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch) + 1)
+    n_steps = n_items // batch_size
+    if max_steps:
+        n_steps = min(n_steps, max_steps)
+    if n_steps < 1:
+        raise ValueError(f"the training split has {n_items} captions, fewer than one batch of "
+                         f"train.batch_size = {batch_size}")
+    return torch.randperm(n_items, generator=g)[: n_steps * batch_size].view(n_steps, batch_size)
+
+
+def model_from_checkpoint(ckpt: Dict, device="cpu") -> Tuple[VSE, Config, Optional[Vocab]]:
+    """Rebuild the model of a trainer checkpoint (dict from ``load_checkpoint``):
+    (model in eval mode on ``device``, its Config, its Vocab or None)."""
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"not a fastrank trainer checkpoint (format {ckpt.get('format')!r})")
+    cfg = Config.from_dict(ckpt["config"])
+    vocab = Vocab(ckpt["vocab"]) if ckpt.get("vocab") is not None else None
+    model = build_model(cfg.model, ckpt["img_dim"], vocab)
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), cfg, vocab
+
+
+def _fmt_metrics(m: Dict[str, float]) -> str:
+    keys = [("rsum", "rsum"), ("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("i2t_ndcg", "i2t NDCG"),
+            ("t2i_ndcg", "t2i NDCG"), ("rerank_rsum", "rerank rsum")]
+    return " ".join(f"{label} {m[k]:.4g}" for k, label in keys if k in m)
+
+
+class Trainer:
+    """Train a VSE model with a fastrank loss (see the module docstring).
+
+    Args:
+        config: a :class:`~fastrank.train.config.Config`.
+        resume: continue from ``<out_dir>/last.pt`` (model, optimizer, scheduler, scaler,
+            RNG states, epoch, history, best); training then runs up to ``train.epochs``.
+        data: optional (train, eval) :class:`~fastrank.data.PrecompDataset` pair, instead of
+            loading ``config.data`` (the demo shares one pair between recipes).
+        relevance: optional (train, eval) :class:`~fastrank.train.relevance_source.CaptionRelevance`
+            pair (or Nones), instead of embedding the captions per ``config.relevance``.
+        log: called with each log line (rank 0 only); default ``print``.
+
+    Under ``torchrun`` (WORLD_SIZE > 1) the process group is initialised here (NCCL on
+    CUDA, else gloo) unless it already is; ``train.batch_size`` is the global batch.
+    """
+
+    def __init__(self, config: Config, resume: bool = False,
+                 data: Optional[Tuple[PrecompDataset, PrecompDataset]] = None,
+                 relevance: Optional[Tuple[Optional[CaptionRelevance], Optional[CaptionRelevance]]] = None,
+                 log: Optional[Callable[[str], None]] = None):
+        self.cfg = config.validate()
+        tc = self.cfg.train
+        self._owns_pg = False
+        self._setup_distributed()
+        self.is_main = self.rank == 0
+        self._log = log if log is not None else print
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        self.device = self._pick_device(tc.device)
+        if tc.batch_size % self.world_size:
+            raise ValueError(f"train.batch_size ({tc.batch_size}) must be divisible by the world size "
+                             f"({self.world_size})")
+        self.local_batch = tc.batch_size // self.world_size
+        seed_everything(tc.seed)
+
+        self.train_ds, self.eval_ds = data if data is not None else load_datasets(self.cfg.data)
+        self.vocab = (Vocab.build(self.train_ds.captions, self.cfg.data.vocab_min_count)
+                      if self.cfg.model.text_encoder == "gru" else None)
+        self.out_dir = Path(tc.out_dir)
+        ckpt = None
+        if resume:
+            ckpt = load_checkpoint(self.out_dir / "last.pt")
+            if ckpt.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError(f"{self.out_dir / 'last.pt'} is not a fastrank trainer checkpoint")
+            if ckpt.get("vocab") is not None:
+                self.vocab = Vocab(ckpt["vocab"])
+        self.img_dim = self.train_ds.feature_dim
+        self.model = build_model(self.cfg.model, self.img_dim, self.vocab).to(self.device)
+
+        lc = self.cfg.loss
+        self.loss_fn = self._local_losses(CombinedLoss(lc.spec, lc.options))
+        self.warmup_loss_fn = (self._local_losses(CombinedLoss(lc.warmup_spec, lc.warmup_options))
+                               if lc.warmup_epochs else None)
+        needs_rel = any(l.needs_relevance for l, _ in self.loss_fn.values()) or (
+            self.warmup_loss_fn is not None and any(l.needs_relevance for l, _ in self.warmup_loss_fn.values()))
+        rc = self.cfg.relevance
+        if relevance is not None:
+            self.train_rel, self.eval_rel = relevance
+        else:
+            self.train_rel = (self._rank0_first(lambda: CaptionRelevance.from_dataset(
+                self.train_ds, rc.source, rc.model, rc.cache_dir)) if needs_rel and rc.source != "none" else None)
+            self.eval_rel = None  # built on first graded evaluation
+        if needs_rel and self.train_rel is None:
+            raise ValueError(f"loss {lc.spec!r} needs relevance, but relevance.source is "
+                             f"{rc.source!r}; use 'sbert' (or 'tfidf')")
+        self._eval_rel_matrix = None
+
+        oc = self.cfg.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, sorted(oc.lr_milestones),
+                                                              gamma=oc.lr_gamma)
+        self.amp = bool(tc.amp) and self.device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            if self.world_size > 1 else None)
+
+        self.epoch = 0                 # epochs completed
+        self.best = -math.inf          # best eval.best_by so far
+        self.history: List[Dict] = []  # one record per completed epoch
+        if ckpt is not None:
+            self._restore(ckpt)
+
+    # ------------------------------------------------------------------ setup
+    def _setup_distributed(self) -> None:
+        if dist.is_available() and not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend)
+            self._owns_pg = True
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            self.rank, self.world_size = 0, 1
+
+    def _rank0_first(self, fn: Callable):
+        """Run fn on rank 0 first, then on the other ranks (which then hit the caption-embedding
+        cache that rank 0 wrote instead of encoding the same captions W times)."""
+        if self.world_size > 1 and not self.is_main:
+            dist.barrier()
+        out = fn()
+        if self.world_size > 1 and self.is_main:
+            dist.barrier()
+        return out
+
+    def _pick_device(self, name: str) -> torch.device:
+        if name == "auto":
+            if torch.cuda.is_available():
+                return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            return torch.device("cpu")
+        dev = torch.device(name)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"train.device = {name!r} but CUDA is not available")
+        return dev
+
+    def _local_losses(self, combined: CombinedLoss) -> Dict[str, Tuple[LocalLoss, float]]:
+        """name -> (LocalLoss over the global batch, weight) for each term."""
+        return {name: (LocalLoss(module, sim_fn=VSE.similarity), combined.weights[name])
+                for name, module in combined.losses.items()}
+
+    def log(self, msg: str) -> None:
+        if self.is_main:
+            self._log(msg)
+
+    @property
+    def module(self) -> VSE:
+        """The (unwrapped) model."""
+        return self.model
+
+    # ------------------------------------------------------------------ training
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
+
+    def train_epoch(self) -> Dict:
+        """Train one epoch (``self.epoch``, 0-based); returns {"loss", "loss_parts", "lr",
+        "steps", "time_train"} with losses averaged over the steps (full global-batch values)."""
+        tc = self.cfg.train
+        e = self.epoch
+        terms = self.warmup_loss_fn if (self.warmup_loss_fn is not None and e < self.cfg.loss.warmup_epochs) \
+            else self.loss_fn
+        batches = epoch_batches(len(self.train_ds), tc.batch_size, tc.seed, e, tc.max_steps_per_epoch)
+        lo = self.rank * self.local_batch
+        local = batches[:, lo:lo + self.local_batch]
+        loader = torch.utils.data.DataLoader(
+            self.train_ds, batch_sampler=local.tolist(), collate_fn=PrecompCollate(self.vocab),
+            num_workers=self.cfg.data.num_workers, pin_memory=self.device.type == "cuda")
+        lr = self.optimizer.param_groups[0]["lr"]
+        c2i = self.train_ds.caption_to_image
+        net = self.ddp if self.ddp is not None else self.model
+        self.model.train()
+        sums = torch.zeros(1 + len(terms), dtype=torch.float64, device=self.device)
+        t0 = time.time()
+        bar = loader
+        if tc.progress and self.is_main:
+            from tqdm.auto import tqdm
+            bar = tqdm(loader, desc=f"epoch {e + 1}/{tc.epochs}", leave=False, dynamic_ncols=True)
+        for step, batch in enumerate(bar):
+            g = batches[step]
+            img_index = c2i[g]
+            positives = (img_index[:, None] == img_index[None, :]).to(self.device)
+            rel = None
+            if any(l.needs_relevance for l, _ in terms.values()):
+                rel = self.train_rel.matrix(img_index, g).to(self.device)
+            images = batch.images.to(self.device, non_blocking=True)
+            img_len = batch.image_lengths.to(self.device) if batch.image_lengths is not None else None
+            caps = batch.captions.to(self.device, non_blocking=True) if torch.is_tensor(batch.captions) \
+                else batch.captions
+            with self._autocast():
+                out = net(images, caps, img_len, batch.caption_lengths)
+                total, parts = None, []
+                for name, (local_loss, w) in terms.items():
+                    v = local_loss(out.img_emb, out.txt_emb, relevance=rel, positives=positives)
+                    parts.append(v.detach())
+                    total = w * v if total is None else total + w * v
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(total * self.world_size if self.ddp is not None else total).backward()
+            if self.cfg.optim.grad_clip > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            sums += torch.stack([total.detach()] + parts).double()   # stays on the device: no sync
+            if bar is not loader and step % 10 == 0:
+                bar.set_postfix(loss=f"{float(sums[0]) / (step + 1) * self.world_size:.4f}")
+        if self.world_size > 1:   # each rank holds its share; the sum is the global-batch loss
+            dist.all_reduce(sums)
+        sums = sums.cpu() / len(batches)
+        self.scheduler.step()
+        self.epoch += 1
+        return {"epoch": self.epoch, "loss": float(sums[0]),
+                "loss_parts": {n: float(v) for n, v in zip(terms, sums[1:])},
+                "lr": lr, "steps": len(batches), "time_train": time.time() - t0}
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def similarity(self, dataset: Optional[PrecompDataset] = None) -> torch.Tensor:
+        """(n_images, n_captions) float32 similarity of a dataset (default: the eval split)."""
+        ds = dataset if dataset is not None else self.eval_ds
+        bs = self.cfg.eval.batch_size
+        with self._autocast():
+            img = self.model.encode_images(ds.images, batch_size=bs)
+            txt = self.model.encode_texts(ds.captions, batch_size=bs)
+        return VSE.similarity(img.float(), txt.float())   # float32 scores: no fp16 ties
+
+    def eval_relevance(self) -> Optional[torch.Tensor]:
+        """(n_images, n_captions) relevance of the eval split (cached), or None without a source."""
+        if self._eval_rel_matrix is None:
+            if self.eval_rel is None and self.cfg.relevance.source != "none":
+                rc = self.cfg.relevance
+                self.eval_rel = CaptionRelevance.from_dataset(self.eval_ds, rc.source, rc.model, rc.cache_dir)
+            if self.eval_rel is not None:
+                self._eval_rel_matrix = self.eval_rel.full()
+        return self._eval_rel_matrix
+
+    def evaluate(self, graded: Optional[bool] = None, rerank=False, sim: Optional[torch.Tensor] = None) -> Dict[str, float]:
+        """``fastrank.metrics.evaluate`` on the eval split: a flat dict of floats (SPEC 5 keys).
+        graded: include NDCG / tau / CS@K (default ``eval.graded``; needs a relevance source).
+        rerank: False, True or a dict of ``fast_rerank`` arguments. sim: reuse a similarity."""
+        from ..metrics.evaluate import evaluate
+        ec = self.cfg.eval
+        graded = ec.graded if graded is None else graded
+        if sim is None:
+            sim = self.similarity()
+        rel = self.eval_relevance() if graded else None
+        res = evaluate(sim, self.eval_ds.caption_to_image.to(sim.device),
+                       rel.to(sim.device) if rel is not None else None,
+                       ks=tuple(ec.ks), cs_k=tuple(ec.cs_k), rerank=rerank or None)
+        return {k: float(v) for k, v in res.items()}
+
+    def _end_of_epoch(self, record: Dict) -> Dict:
+        ec, tc = self.cfg.eval, self.cfg.train
+        last = self.epoch >= tc.epochs
+        if self.is_main and ((ec.every and self.epoch % ec.every == 0) or last):
+            t0 = time.time()
+            sim = self.similarity()
+            record.update(self.evaluate(sim=sim))
+            if ec.rerank:
+                try:
+                    record.update({f"rerank_{k}": v for k, v in self.evaluate(rerank=True, sim=sim).items()})
+                except NotImplementedError as err:
+                    self.log(f"  (re-ranked evaluation skipped: {err})")
+            record["time_eval"] = time.time() - t0
+        is_best = False
+        if self.is_main and ec.best_by in record and record[ec.best_by] > self.best:
+            self.best, is_best = record[ec.best_by], True
+        record["best"] = is_best
+        self.history.append(record)
+        if self.is_main:
+            if self.cfg.train.checkpoint:
+                self.save(self.out_dir / "last.pt")
+            if is_best and self.cfg.train.checkpoint:
+                self.save(self.out_dir / "best.pt")
+            self._append_metrics(record)
+            parts = " ".join(f"{k} {v:.4f}" for k, v in record["loss_parts"].items())
+            self.log(f"epoch {self.epoch}/{tc.epochs} loss {record['loss']:.4f} ({parts}) "
+                     f"lr {record['lr']:.2e} | {_fmt_metrics(record)}{' *' if is_best else ''} | "
+                     f"{record['time_train']:.1f}s train" +
+                     (f", {record['time_eval']:.1f}s eval" if "time_eval" in record else ""))
+        if self.world_size > 1:
+            dist.barrier()
+        return record
+
+    def fit(self) -> List[Dict]:
+        """Train up to ``train.epochs`` (from the resumed epoch); returns the history (one
+        record per epoch: loss, loss parts, lr, times, and the metrics when evaluated)."""
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2))
+            path = self.out_dir / "metrics.jsonl"
+            if self.epoch == 0 or not path.is_file():   # fresh run (or state loaded from elsewhere)
+                path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        while self.epoch < self.cfg.train.epochs:
+            self._end_of_epoch(self.train_epoch())
+        return self.history
+
+    def close(self) -> None:
+        """Destroy the process group if this trainer created it."""
+        if self._owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_pg = False
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> Dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.cfg.to_dict(),
+            "vocab": self.vocab.itos[len(Vocab.SPECIALS):] if self.vocab is not None else None,
+            "img_dim": self.img_dim,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "best": self.best,
+            "history": self.history,
+            "rng": rng_state(),
+        }
+
+    def save(self, path) -> Path:
+        """Write the full training state atomically."""
+        return save_atomic(self.state_dict(), path)
+
+    def load_state_dict(self, state: Dict) -> None:
+        """Restore what :meth:`state_dict` returned: model, optimizer, scheduler, scaler, epoch,
+        best, history and RNG states (the loss and data may differ: the demo starts every
+        recipe from one shared warm-up epoch this way)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.best = int(state["epoch"]), float(state["best"])
+        self.history = copy.deepcopy(list(state["history"]))
+        set_rng_state(state["rng"])
+
+    def _restore(self, ckpt: Dict) -> None:
+        self.load_state_dict(ckpt)
+        if self.is_main:  # drop metric lines of epochs after the checkpoint (a crash in between)
+            path = self.out_dir / "metrics.jsonl"
+            if path.is_file():
+                keep = [ln for ln in path.read_text().splitlines()
+                        if ln.strip() and json.loads(ln).get("epoch", 0) <= self.epoch]
+                path.write_text("".join(ln + "\n" for ln in keep))
+            self.log(f"resumed from {self.out_dir / 'last.pt'} at epoch {self.epoch}")
+
+    def _append_metrics(self, record: Dict) -> None:
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def evaluate_checkpoint(checkpoint, data: Optional[str] = None, split: Optional[str] = None,
+                        relevance: Optional[str] = None, rerank=False, device: str = "auto",
+                        graded: bool = True, cs_k: Optional[Sequence[int]] = None) -> Dict[str, float]:
+    """``fastrank eval``: the metrics of a trainer checkpoint on a split.
+
+    data / split: the precomp root and split (default: the checkpoint's data.path and
+    data.eval_split; "demo" regenerates the demo data). relevance: "sbert" / "tfidf" / "none"
+    (default: the checkpoint's relevance.source; "none" = no graded metrics). rerank: also
+    the fast re-ranked metrics, keys prefixed ``rerank_``. Returns the flat metric dict of
+    ``fastrank.metrics.evaluate``.
+    """
+    from ..metrics.evaluate import evaluate
+    ckpt = load_checkpoint(checkpoint)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
+    model, cfg, _ = model_from_checkpoint(ckpt, dev)
+    dc = copy.deepcopy(cfg.data)
+    if data is not None:
+        dc.path = data
+    if split is not None:
+        dc.eval_split = split
+    if dc.path == "demo":
+        ds = load_datasets(dc)[1]
+    else:
+        ds = PrecompDataset(dc.path, dc.eval_split, dc.captions_per_image)
+    source = relevance or cfg.relevance.source
+    rel = None
+    if graded and source != "none":
+        rc = cfg.relevance
+        rel = CaptionRelevance.from_dataset(ds, source, rc.model, rc.cache_dir).full()
+    amp = dev.type == "cuda" and cfg.train.amp
+    with torch.no_grad(), (torch.autocast("cuda", dtype=torch.float16) if amp else nullcontext()):
+        img = model.encode_images(ds.images, batch_size=cfg.eval.batch_size)
+        txt = model.encode_texts(ds.captions, batch_size=cfg.eval.batch_size)
+    sim = VSE.similarity(img.float(), txt.float())
+    ks, cs = tuple(cfg.eval.ks), tuple(cs_k if cs_k is not None else cfg.eval.cs_k)
+    c2i = ds.caption_to_image.to(sim.device)
+    rel = rel.to(sim.device) if rel is not None else None
+    out = {k: float(v) for k, v in evaluate(sim, c2i, rel, ks=ks, cs_k=cs).items()}
+    if rerank:
+        rr = evaluate(sim, c2i, rel, ks=ks, cs_k=cs, rerank=rerank)
+        out.update({f"rerank_{k}": float(v) for k, v in rr.items()})
+    return out
