@@ -9,7 +9,7 @@
 //     (max, sum) of l1 * sim over the tile's columns. Partials land in the workspace,
 //     (n_row_tiles x m) + (n_col_tiles x n) pairs, about n * m / 170 values; they are merged
 //     in tile order, so the result is bit-identical run to run for any thread count.
-//  2. scores (one read, two writes): OpenMP over rows, i2t = g2 * s - col_lse[j] and
+//  2. scores (one read, two writes): OpenMP over rows (static), i2t = g2 * s - col_lse[j] and
 //     t2i = l2 * s - row_lse[i], vectorised.
 // Backward = the same two sweeps: column sums of G1 and row sums of G2 (tile partials
 // merged in order), then one fused sweep writing grad_sim (formula in fast_rerank.h).
@@ -20,7 +20,8 @@
 // g1 * s or l1 * s gives a non-finite statistic), so the caller validates sim by checking
 // the O(n + m) statistics instead of reading sim again.
 // Strided inputs are read through per-thread strip buffers (contiguous rows are read in
-// place). The float exp is common.h's vectorisable exp_nonpos.
+// place). The float exp is common.h's vectorisable exp_nonpos. Below 2^16 elements one
+// thread does everything (no fork/join).
 #include "fastrank/fast_rerank.h"
 
 #include <algorithm>
@@ -35,11 +36,15 @@ namespace {
 constexpr int64_t kRB = 512;   // rows of a tile
 constexpr int64_t kCB = 1024;  // columns of a tile
 constexpr int64_t kSub = 16;   // rows of a strip (kSub x kCB floats = 64 KiB, in L2)
+constexpr int64_t kParallelMin = int64_t(1) << 16;  // elements below which one thread does it all
 
 struct Grid {
   int64_t n, m, nrb, ncb;
   Grid(int64_t n_, int64_t m_) : n(n_), m(m_), nrb((n_ + kRB - 1) / kRB), ncb((m_ + kCB - 1) / kCB) {}
   int64_t tiles() const { return nrb * ncb; }
+  // small problems run on the calling thread: a fork/join (and, on a busy machine, waiting
+  // for a descheduled worker) costs more than the whole sweep
+  bool parallel() const { return n * m >= kParallelMin; }
 };
 
 template <typename A> inline A vmax(A a, A b) { return a > b ? a : b; }
@@ -158,7 +163,7 @@ template <typename T>
 void lse_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T g1, T l1, T* ws, T* col_lse,
               T* row_lse) {
   const Grid g(n, m);
-#pragma omp parallel
+#pragma omp parallel if (g.parallel())
   lse_pass(sim, sr, sc, g, g1, l1, ws, col_lse, row_lse);
 }
 
@@ -168,7 +173,7 @@ void forward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T 
   const Grid g(n, m);
   advise_huge_pages(i2t, sizeof(T) * static_cast<size_t>(n * m));
   advise_huge_pages(t2i, sizeof(T) * static_cast<size_t>(n * m));
-#pragma omp parallel
+#pragma omp parallel if (g.parallel())
   {
     lse_pass(sim, sr, sc, g, g1, l1, ws, col_lse, row_lse);  // ends with a barrier
     // ---- pass 2: both score matrices (Eq. 14-15 in log space) ----
@@ -202,7 +207,7 @@ void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, c
   T* a1 = pr + g.ncb * n;
   T* b2 = a1 + m;
   advise_huge_pages(grad, sizeof(T) * static_cast<size_t>(n * m));
-#pragma omp parallel
+#pragma omp parallel if (g.parallel())
   {
     std::vector<T> buf_v(kSub * kCB), acc_v(kCB);
     T* __restrict buf = buf_v.data();

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -167,10 +168,15 @@ template <typename A> FR_HD A ndcg_discount_deriv(A p) {
 // asks Linux for transparent huge pages on its 2 MiB-aligned interior (what PyTorch itself
 // does under THP_MEM_ALLOC_ENABLE=1): 512x fewer faults. A hint only: harmless when THP is
 // off ("never") or unsupported, a no-op off Linux, and only for buffers of 16 MiB or more.
+// FASTRANK_HUGE_PAGES=0 turns it off (where THP compaction stalls are a concern).
 inline void advise_huge_pages(void* p, size_t bytes) {
 #if !defined(__CUDACC__) && defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  if (p == nullptr || bytes < 8 * kHuge) return;
+  static const bool enabled = [] {
+    const char* e = std::getenv("FASTRANK_HUGE_PAGES");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  if (!enabled || p == nullptr || bytes < 8 * kHuge) return;
   const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
   if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
