@@ -47,6 +47,13 @@ def cuda_module():
     return _load("_C_cuda")
 
 
+# Load both modules now, at `import fastrank`: torch.compile cannot trace a first import
+# (importlib is skipped by dynamo, a graph break that fullgraph=True turns into an error),
+# while looking up an already-loaded module traces fine. A failure is only recorded here.
+cpu_module()
+cuda_module()
+
+
 def cuda_device_count() -> int:
     """Devices the CUDA module itself can see (0 when it was not built)."""
     mod = cuda_module()

@@ -12,6 +12,7 @@
 
 #include "fastrank/kendall.h"
 #include "fastrank/kendall_sw.h"
+#include "fastrank/fast_rerank.h"
 #include "fastrank/runtime.h"
 #include "fastrank/smooth_ndcg.h"
 
@@ -80,5 +81,34 @@ PYBIND11_MODULE(_C_cuda, m) {
                                               as<const std::int32_t>(idx), nw, as<const void>(grad_loss),
                                               as<void>(grad_sim), as<void>(stream)),
           "kendall_sw_backward");
+  });
+
+  // ---- fast_rerank (csrc/cuda/fast_rerank.cu) ----
+  m.def("fast_rerank_workspace", [](i64 n, i64 mm) { return fastrank::cuda::fast_rerank_workspace(n, mm); });
+  m.def("fast_rerank_lse", [](int dt, ptr sim, i64 ssr, i64 ssc, i64 n, i64 mm, double g1, double l1, ptr ws,
+                              ptr col_lse, ptr row_lse, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::fast_rerank_lse(DType(dt), as<const void>(sim), ssr, ssc, n, mm, g1, l1, as<void>(ws),
+                                          as<void>(col_lse), as<void>(row_lse), as<void>(stream)),
+          "fast_rerank_lse");
+  });
+  m.def("fast_rerank_forward", [](int dt, ptr sim, i64 ssr, i64 ssc, i64 n, i64 mm, double g1, double g2,
+                                  double l1, double l2, ptr ws, ptr col_lse, ptr row_lse, ptr i2t, ptr t2i,
+                                  ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::fast_rerank_forward(DType(dt), as<const void>(sim), ssr, ssc, n, mm, g1, g2, l1, l2,
+                                              as<void>(ws), as<void>(col_lse), as<void>(row_lse), as<void>(i2t),
+                                              as<void>(t2i), as<void>(stream)),
+          "fast_rerank_forward");
+  });
+  m.def("fast_rerank_backward", [](int dt, ptr sim, i64 ssr, i64 ssc, i64 n, i64 mm, ptr gi, i64 gisr,
+                                   i64 gisc, ptr gt, i64 gtsr, i64 gtsc, ptr col_lse, ptr row_lse, double g1,
+                                   double g2, double l1, double l2, ptr ws, ptr grad, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::fast_rerank_backward(DType(dt), as<const void>(sim), ssr, ssc, n, mm,
+                                               as<const void>(gi), gisr, gisc, as<const void>(gt), gtsr, gtsc,
+                                               as<const void>(col_lse), as<const void>(row_lse), g1, g2, l1, l2,
+                                               as<void>(ws), as<void>(grad), as<void>(stream)),
+          "fast_rerank_backward");
   });
 }

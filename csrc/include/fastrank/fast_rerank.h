@@ -1,0 +1,57 @@
+// Fast re-ranking kernels (SPEC.md 3; paper 004, Eq. 13-15): entry points.
+//
+// sim is a strided (n, m) matrix: element (i, j) is sim[i * sim_sr + j * sim_sc] (strides
+// in elements: contiguous, transposed, sliced or expanded all work). With
+// (g1, g2) = gamma and (l1, l2) = lam, all > 0:
+//
+//   col_lse[j]   = log sum_l exp(g1 * sim[l, j])          (over the n rows)
+//   row_lse[i]   = log sum_l exp(l1 * sim[i, l])          (over the m columns)
+//   i2t[i, j]    = g2 * sim[i, j] - col_lse[j]            (Eq. 14-15, softmax0, log space)
+//   t2i[i, j]    = l2 * sim[i, j] - row_lse[i]            (Eq. 15, softmax1, log space)
+//
+// Backward, with G1 = dL/d i2t, G2 = dL/d t2i, P = exp(g1 * sim - col_lse[j]) (each column
+// sums to 1) and Q = exp(l1 * sim - row_lse[i]) (each row sums to 1):
+//
+//   grad_sim[i, j] = g2 * G1[i, j] - g1 * P[i, j] * sum_l G1[l, j]
+//                  + l2 * G2[i, j] - l1 * Q[i, j] * sum_l G2[i, l]
+//
+// G1 / G2 are strided like sim and may be null (a zero gradient). i2t, t2i and grad_sim are
+// written contiguous (n, m) in the input dtype; col_lse (m) and row_lse (n) are in the
+// accumulation type (float, or double for float64 inputs). `workspace` holds
+// fast_rerank_workspace(n, m) accumulation-type elements of per-tile partial statistics:
+// n * m / 170 values on the CPU, n * m / 64 on CUDA; never an (n, m) matrix.
+#pragma once
+#include <cstdint>
+
+#include "fastrank/common.h"
+
+namespace fastrank {
+namespace cpu {
+int64_t fast_rerank_workspace(int64_t n, int64_t m);
+// The statistics alone (pass 1): col_lse and row_lse.
+void fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+                     double g1, double l1, void* workspace, void* col_lse, void* row_lse);
+// Pass 1 + pass 2: statistics, then both score matrices in one read-write sweep.
+void fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+                         double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
+                         void* row_lse, void* i2t, void* t2i);
+void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+                          const void* g_i2t, int64_t gi_sr, int64_t gi_sc, const void* g_t2i, int64_t gt_sr,
+                          int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
+                          double l1, double l2, void* workspace, void* grad_sim);
+}  // namespace cpu
+
+namespace cuda {
+// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
+int64_t fast_rerank_workspace(int64_t n, int64_t m);
+int fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+                    double g1, double l1, void* workspace, void* col_lse, void* row_lse, void* stream);
+int fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+                        double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
+                        void* row_lse, void* i2t, void* t2i, void* stream);
+int fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+                         const void* g_i2t, int64_t gi_sr, int64_t gi_sc, const void* g_t2i, int64_t gt_sr,
+                         int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
+                         double l1, double l2, void* workspace, void* grad_sim, void* stream);
+}  // namespace cuda
+}  // namespace fastrank

@@ -1,0 +1,369 @@
+"""fast_rerank (SPEC.md 3; paper 004, Eq. 13-15): oracle, native vs reference, gradients,
+compile/opcheck, bad input, determinism, CUDA."""
+import math
+
+import pytest
+import torch
+
+import fastrank
+from fastrank.ops.fast_rerank import fast_rerank_bwd, fast_rerank_fwd, fast_rerank_lse
+from fastrank.reference.fast_rerank import fast_rerank as reference
+
+CUDA = fastrank.backends()["cuda_available"]
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+needs_cpu_native = pytest.mark.skipif(not fastrank.backends()["cpu"], reason="CPU module not built")
+
+GAMMA, LAM = (25.0, 25.0), (20.0, 20.0)
+
+
+# ---- the slow, obvious oracle (Python floats, float64) --------------------------------------
+def _lse(values):
+    mx = max(values)
+    return mx + math.log(sum(math.exp(v - mx) for v in values))
+
+
+def oracle(sim, gamma, lam):
+    """Eq. 14-15 in log space, element by element."""
+    s = sim.tolist()
+    n, m = len(s), len(s[0])
+    g1, g2 = gamma
+    l1, l2 = lam
+    col = [_lse([g1 * s[l][j] for l in range(n)]) for j in range(m)]
+    row = [_lse([l1 * s[i][l] for l in range(m)]) for i in range(n)]
+    i2t = [[g2 * s[i][j] - col[j] for j in range(m)] for i in range(n)]
+    t2i = [[l2 * s[i][j] - row[i] for j in range(m)] for i in range(n)]
+    return torch.tensor(i2t, dtype=torch.float64), torch.tensor(t2i, dtype=torch.float64)
+
+
+def oracle_paper_matrix(sim, gamma, lam):
+    """The paper's own (non-log) form of Eq. 14 for small magnitudes: exp(g2 A_ij) / sum_l exp(g1 A_lj)."""
+    s = sim.tolist()
+    n, m = len(s), len(s[0])
+    g1, g2 = gamma
+    l1, l2 = lam
+    a = [[math.exp(g2 * s[i][j]) / sum(math.exp(g1 * s[l][j]) for l in range(n)) for j in range(m)]
+         for i in range(n)]
+    b = [[math.exp(l2 * s[i][j]) / sum(math.exp(l1 * s[i][l]) for l in range(m)) for j in range(m)]
+         for i in range(n)]
+    return torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _sim(n, m, scale=1.0, seed=0, dtype=torch.float64):
+    return (torch.randn(n, m, generator=_gen(seed), dtype=torch.float64) * scale).to(dtype)
+
+
+# ---- (1) reference vs oracle -------------------------------------------------------------------
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 4), (4, 1), (2, 2), (3, 5), (6, 4)])
+@pytest.mark.parametrize("gamma,lam", [(GAMMA, LAM), ((2.0, 3.0), (0.5, 1.5))])
+def test_reference_matches_oracle(n, m, gamma, lam):
+    sim = _sim(n, m, 0.5, seed=n * 10 + m)
+    i2t, t2i = reference(sim, gamma, lam)
+    o1, o2 = oracle(sim, gamma, lam)
+    torch.testing.assert_close(i2t, o1, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(t2i, o2, rtol=1e-12, atol=1e-10)
+
+
+def test_reference_is_log_of_paper_matrix():
+    sim = _sim(4, 5, 0.1, seed=3)
+    gamma, lam = (2.0, 3.0), (1.5, 0.5)
+    i2t, t2i = reference(sim, gamma, lam)
+    a, b = oracle_paper_matrix(sim, gamma, lam)
+    torch.testing.assert_close(i2t.exp(), a, rtol=1e-12, atol=0)
+    torch.testing.assert_close(t2i.exp(), b, rtol=1e-12, atol=0)
+
+
+def test_reference_large_magnitudes_oracle():
+    # gamma1 * sim ~ 2500: a naive exp overflows, the log-space scores stay finite
+    sim = _sim(5, 7, 100.0, seed=4)
+    i2t, t2i = reference(sim, GAMMA, LAM)
+    o1, o2 = oracle(sim, GAMMA, LAM)
+    assert torch.isfinite(i2t).all() and torch.isfinite(t2i).all()
+    torch.testing.assert_close(i2t, o1, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(t2i, o2, rtol=1e-12, atol=1e-9)
+
+
+# ---- (2) native vs reference, values and gradients -------------------------------------------
+def _cases():
+    """(name, base, view): the case is view(base moved to a device/dtype), so strided layouts
+    are rebuilt on each device."""
+    same = lambda x: x  # noqa: E731
+    yield "1x1", _sim(1, 1, seed=1), same
+    yield "1xM", _sim(1, 9, seed=2), same
+    yield "Nx1", _sim(9, 1, seed=3), same
+    yield "Mx2", _sim(7, 2, seed=4), same
+    yield "2xM", _sim(2, 7, seed=5), same
+    yield "N!=M", _sim(13, 37, seed=6), same
+    yield "tiles", _sim(530, 1100, 0.3, seed=7), same  # crosses CPU tile (512 x 1024) and strip edges
+    yield "ties", torch.randint(-2, 3, (17, 23), generator=_gen(8)).double() * 0.25, same
+    yield "all-equal", torch.full((6, 8), 0.7, dtype=torch.float64), same
+    yield "all-zero", torch.zeros(5, 4, dtype=torch.float64), same
+    yield "large", _sim(11, 19, 80.0, seed=9), same  # exp(25 * 80 * 3) overflows even float64
+    yield "transposed", _sim(40, 29, seed=10), lambda x: x.t()
+    yield "sliced", _sim(30, 60, seed=11), lambda x: x[3:, ::3]
+    yield "expanded", _sim(1, 33, seed=12), lambda x: x.expand(21, 33)
+
+
+CASES = list(_cases())
+IDS = [c[0] for c in CASES]
+
+
+def _grad(fn, sim, w1, w2):
+    x = sim.detach().clone().requires_grad_()
+    i2t, t2i = fn(x)
+    ((i2t * w1).sum() + (t2i * w2).sum()).backward()
+    return i2t.detach(), t2i.detach(), x.grad
+
+
+@needs_cpu_native
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name,base,view", CASES, ids=IDS)
+def test_native_matches_reference(name, base, view, dtype):
+    sim = view(base)
+    x = view(base.to(dtype))
+    assert x.stride() == sim.stride()
+    w1 = torch.randn(sim.shape, generator=_gen(20), dtype=torch.float64).to(dtype)
+    w2 = torch.randn(sim.shape, generator=_gen(21), dtype=torch.float64).to(dtype)
+    # truth: the float64 reference on the same (rounded) inputs
+    r1, r2, rg = _grad(lambda v: reference(v, GAMMA, LAM), x.double(), w1.double(), w2.double())
+    n1, n2, ng = _grad(lambda v: fastrank.fast_rerank(v, GAMMA, LAM, impl="native"), x, w1, w2)
+    assert n1.dtype == dtype and ng.dtype == dtype and n1.is_contiguous()
+    # rounding of exponents of size 25 * |sim| bounds what any implementation in dtype can do
+    eps = torch.finfo(dtype).eps
+    scale = 25 * float(x.abs().max()) + 1
+    torch.testing.assert_close(n1.double(), r1, rtol=0, atol=8 * eps * scale)
+    torch.testing.assert_close(n2.double(), r2, rtol=0, atol=8 * eps * scale)
+    gscale = float(rg.abs().max()) + 25 * float(w1.abs().max() + w2.abs().max())
+    torch.testing.assert_close(ng.double(), rg, rtol=0, atol=8 * eps * scale * gscale)
+
+
+@needs_cpu_native
+def test_native_single_output_gradients_and_expanded_grads():
+    sim = _sim(12, 21, seed=30, dtype=torch.float64)
+    for pick in (0, 1):
+        x = sim.clone().requires_grad_()
+        out = fastrank.fast_rerank(x, impl="native")[pick]
+        out.sum().backward()  # the other output's gradient is None; this one is an expanded 1
+        y = sim.clone().requires_grad_()
+        reference(y)[pick].sum().backward()
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=1e-10)
+
+
+@needs_cpu_native
+def test_native_half_inputs_on_cpu():
+    sim = _sim(9, 14, 0.5, seed=31, dtype=torch.float32)
+    for dt in (torch.float16, torch.bfloat16):
+        x = sim.to(dt).requires_grad_()
+        i2t, t2i = fastrank.fast_rerank(x, impl="native")
+        assert i2t.dtype == dt and t2i.dtype == dt
+        (i2t.float().sum() + t2i.float().sum()).backward()
+        assert x.grad.dtype == dt
+        r1, r2 = reference(x.detach().double())
+        torch.testing.assert_close(i2t.double(), r1, rtol=1e-2, atol=0.5)
+        torch.testing.assert_close(t2i.double(), r2, rtol=1e-2, atol=0.5)
+
+
+def test_reference_impl_and_module():
+    sim = _sim(6, 8, seed=32, dtype=torch.float32)
+    a = fastrank.fast_rerank(sim, (3.0, 4.0), (5.0, 6.0), impl="reference")
+    b = reference(sim, (3.0, 4.0), (5.0, 6.0))
+    torch.testing.assert_close(a, b)
+    mod = fastrank.nn.FastRerank(gamma=(3.0, 4.0), lam=(5.0, 6.0))
+    assert "gamma=(3.0, 4.0)" in repr(mod)
+    c = mod(sim)
+    assert isinstance(c, tuple) and len(c) == 2
+    torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_cpu_native
+def test_statistics_op():
+    sim = _sim(40, 70, seed=33)
+    cl, rl = fast_rerank_lse(sim, 3.0, 2.0)
+    torch.testing.assert_close(cl, torch.logsumexp(3.0 * sim, 0), rtol=1e-13, atol=1e-12)
+    torch.testing.assert_close(rl, torch.logsumexp(2.0 * sim, 1), rtol=1e-13, atol=1e-12)
+
+
+# ---- (3) gradcheck -------------------------------------------------------------------------
+@needs_cpu_native
+@pytest.mark.parametrize("n,m,gamma,lam", [(1, 1, GAMMA, LAM), (1, 5, GAMMA, LAM), (5, 1, GAMMA, LAM),
+                                           (4, 7, (2.0, 3.0), (1.5, 0.5)), (9, 6, GAMMA, LAM)])
+def test_gradcheck_native(n, m, gamma, lam):
+    sim = _sim(n, m, 0.2, seed=n + 7 * m).requires_grad_()
+    assert torch.autograd.gradcheck(lambda s: fastrank.fast_rerank(s, gamma, lam, impl="native"), (sim,))
+
+
+@needs_cpu_native
+def test_gradcheck_backward_op_inputs_none():
+    # the backward op with one upstream gradient absent equals the full formula with zeros
+    sim = _sim(5, 6, 0.3, seed=40)
+    i2t, t2i, cl, rl = fast_rerank_fwd(sim, 2.0, 3.0, 1.5, 0.5)
+    g = torch.randn(5, 6, generator=_gen(41), dtype=torch.float64)
+    z = torch.zeros_like(g)
+    torch.testing.assert_close(fast_rerank_bwd(g, None, sim, cl, rl, 2.0, 3.0, 1.5, 0.5),
+                               fast_rerank_bwd(g, z, sim, cl, rl, 2.0, 3.0, 1.5, 0.5))
+    torch.testing.assert_close(fast_rerank_bwd(None, g, sim, cl, rl, 2.0, 3.0, 1.5, 0.5),
+                               fast_rerank_bwd(z, g, sim, cl, rl, 2.0, 3.0, 1.5, 0.5))
+    assert fast_rerank_bwd(None, None, sim, cl, rl, 2.0, 3.0, 1.5, 0.5).abs().max() == 0
+
+
+# ---- (4) torch.compile and opcheck -------------------------------------------------------------
+@needs_cpu_native
+def test_compile_fullgraph():
+    def f(s):
+        i2t, t2i = fastrank.fast_rerank(s, (20.0, 22.0), (15.0, 16.0), impl="native")
+        return (i2t * 0.5).sum() + t2i.logsumexp(dim=0).sum()
+
+    torch._dynamo.reset()
+    sim = _sim(8, 11, 0.3, seed=50, dtype=torch.float32)
+    x1 = sim.clone().requires_grad_()
+    x2 = sim.clone().requires_grad_()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    a = compiled(x1)
+    b = f(x2)
+    a.backward()
+    b.backward()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(x1.grad, x2.grad)
+
+
+@needs_cpu_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck(dtype):
+    sim = _sim(6, 9, 0.5, seed=51, dtype=dtype)
+    torch.library.opcheck(fast_rerank_fwd, (sim.clone().requires_grad_(), 25.0, 24.0, 20.0, 21.0))
+    torch.library.opcheck(fast_rerank_lse, (sim, 25.0, 20.0))
+    _, _, cl, rl = fast_rerank_fwd(sim, 25.0, 24.0, 20.0, 21.0)
+    g = torch.randn(6, 9, generator=_gen(52), dtype=torch.float64).to(dtype)
+    torch.library.opcheck(fast_rerank_bwd, (g, g.t().contiguous().t(), sim, cl, rl, 25.0, 24.0, 20.0, 21.0))
+    torch.library.opcheck(fast_rerank_bwd, (None, g, sim, cl, rl, 25.0, 24.0, 20.0, 21.0))
+
+
+# ---- (5) bad input -------------------------------------------------------------------------------
+BAD = [
+    (lambda: [[0.1, 0.2]], {}, TypeError, "sim"),
+    (lambda: torch.ones(3, 4, dtype=torch.int64), {}, TypeError, "sim"),
+    (lambda: torch.ones(3), {}, ValueError, "sim"),
+    (lambda: torch.ones(2, 3, 4), {}, ValueError, "sim"),
+    (lambda: torch.ones(0, 4), {}, ValueError, "sim"),
+    (lambda: torch.ones(3, 4), {"gamma": 25.0}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"gamma": (25.0, 25.0, 1.0)}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"gamma": (0.0, 25.0)}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"gamma": (25.0, -1.0)}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"gamma": (float("inf"), 1.0)}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"gamma": (float("nan"), 1.0)}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"gamma": (True, 1.0)}, ValueError, "gamma"),
+    (lambda: torch.ones(3, 4), {"lam": (1.0, 0.0)}, ValueError, "lam"),
+    (lambda: torch.ones(3, 4), {"lam": "20"}, ValueError, "lam"),
+    (lambda: torch.ones(3, 4), {"impl": "fast"}, ValueError, "impl"),
+]
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("make,kwargs,err,name", BAD)
+def test_bad_input(make, kwargs, err, name, impl):
+    kwargs = dict(kwargs)
+    kwargs.setdefault("impl", impl)
+    if impl == "native" and not fastrank.backends()["cpu"]:
+        pytest.skip("CPU module not built")
+    with pytest.raises(err, match=name):
+        fastrank.fast_rerank(make(), **kwargs)
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [(0, 0), (2, 3), (600, 1500)])
+def test_non_finite_sim(impl, bad, where):
+    if impl == "native" and not fastrank.backends()["cpu"]:
+        pytest.skip("CPU module not built")
+    sim = torch.rand(601, 1501)
+    sim[where] = bad
+    with pytest.raises(ValueError, match="sim"):
+        fastrank.fast_rerank(sim, impl=impl)
+    with pytest.raises(ValueError, match="sim"):
+        fastrank.fast_rerank(sim.t(), impl=impl)  # strided path
+
+
+@needs_cpu_native
+def test_overflowing_scale_is_an_error():
+    sim = torch.full((3, 4), 3e37)  # finite, but 25 * sim overflows float32
+    with pytest.raises(ValueError, match="sim"):
+        fastrank.fast_rerank(sim, impl="native")
+
+
+def test_module_bad_hyper_parameters():
+    with pytest.raises(ValueError, match="gamma"):
+        fastrank.nn.FastRerank(gamma=(1.0, 0.0))
+    with pytest.raises(ValueError, match="lam"):
+        fastrank.nn.FastRerank(lam=(1.0,))
+    with pytest.raises(ValueError, match="impl"):
+        fastrank.nn.FastRerank(impl="gpu")
+
+
+# ---- (6) determinism --------------------------------------------------------------------------------
+@needs_cpu_native
+def test_deterministic():
+    sim = _sim(700, 2100, 0.4, seed=60, dtype=torch.float32)
+    w = torch.randn(700, 2100, generator=_gen(61))
+    outs = [_grad(lambda x: fastrank.fast_rerank(x, impl="native"), sim, w, w.t().contiguous().t())
+            for _ in range(2)]
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+# ---- (7) CUDA ---------------------------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("name,base,view", CASES, ids=IDS)
+def test_cuda_matches_reference_float32(name, base, view):
+    sim = view(base)
+    w1 = torch.randn(sim.shape, generator=_gen(70), dtype=torch.float64)
+    w2 = torch.randn(sim.shape, generator=_gen(71), dtype=torch.float64)
+    r1, r2, rg = _grad(lambda x: reference(x, GAMMA, LAM), sim, w1, w2)
+    x = view(base.float().cuda())
+    n1, n2, ng = _grad(lambda v: fastrank.fast_rerank(v, GAMMA, LAM, impl="native"), x, w1.float().cuda(),
+                       w2.float().cuda())
+    scale = float(sim.abs().max()) * 25 + 1
+    torch.testing.assert_close(n1.double().cpu(), r1, rtol=1e-6, atol=1e-5 * scale)
+    torch.testing.assert_close(n2.double().cpu(), r2, rtol=1e-6, atol=1e-5 * scale)
+    gscale = float(rg.abs().max()) + 25 * float(w1.abs().max() + w2.abs().max())
+    torch.testing.assert_close(ng.double().cpu(), rg, rtol=0, atol=1e-5 * gscale)
+
+
+@needs_cuda
+def test_cuda_big_and_deterministic_and_memory():
+    n, m = 1500, 7000
+    sim = (torch.randn(n, m, device="cuda") * 0.3)
+    w = torch.randn(n, m, device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        i2t, t2i = fastrank.fast_rerank(sim, impl="native")
+    torch.cuda.synchronize()
+    one = n * m * 4
+    assert torch.cuda.max_memory_allocated() - base <= 2 * one + 0.2 * one  # outputs + small stats
+    r1, r2 = reference(sim.double())
+    torch.testing.assert_close(i2t.double(), r1, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(t2i.double(), r2, rtol=1e-6, atol=1e-4)
+    del i2t, t2i
+    outs = [_grad(lambda x: fastrank.fast_rerank(x, impl="native"), sim, w, w) for _ in range(2)]
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_low_precision_error_bound(dtype):
+    sim = (torch.randn(300, 700, generator=_gen(80)) * 0.3).to(dtype).cuda()
+    w1 = torch.randn(300, 700, generator=_gen(81)).to(dtype).cuda()
+    w2 = torch.randn(300, 700, generator=_gen(82)).to(dtype).cuda()
+    t1, t2, tg = _grad(lambda x: reference(x), sim.double(), w1.double(), w2.double())
+    n1, n2, ng = _grad(lambda x: fastrank.fast_rerank(x, impl="native"), sim, w1, w2)
+    l1, l2, lg = _grad(lambda x: reference(x), sim, w1, w2)  # pure PyTorch in the same precision
+    assert n1.dtype == dtype and ng.dtype == dtype
+    for nat, low, truth in ((n1, l1, t1), (n2, l2, t2), (ng, lg, tg)):
+        err_native = (nat.double() - truth).abs().max().item()
+        err_low = (low.double() - truth).abs().max().item()
+        assert err_native <= 2 * err_low + 1e-12, (err_native, err_low)
