@@ -17,28 +17,42 @@ namespace fastrank {
 namespace cpu {
 namespace {
 
+// The pair loops run over whole vectors: rows are padded to a multiple of kLanes with
+// finite zeros, each inner loop starts at the vector boundary below k = j + 1, and a
+// 0/1 mask drops the pairs with k <= j or k >= n_c. Without this, the scalar remainder
+// of the triangular loop dominates at n_c ~ 100 (2-3x slower at 128).
+constexpr int64_t kLanes = 16;
+constexpr int64_t kParallelWork = int64_t(1) << 18;  // below: one thread (no fork/join)
+inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+inline int64_t aligned_start(int64_t k) { return k / kLanes * kLanes; }
+template <typename T> inline T pair_mask(int64_t k, int64_t j, int64_t n) {
+  return static_cast<T>((k > j) & (k < n));
+}
+
 template <typename T>
 void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, int64_t rel_sq,
                   int64_t rel_sc, int64_t n_q, int64_t n_c, const T* idcg, T tau, T* loss, T* pi) {
   const T inv_tau = T(1) / tau;
-#pragma omp parallel
+  const int64_t n_pad = padded(n_c);
+#pragma omp parallel if (n_q * n_c * n_c >= kParallelWork)
   {
-    std::vector<T> s_buf(n_c), p_buf(n_c);
+    std::vector<T> s_buf(n_pad, T(0)), p_buf(n_pad);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t q = 0; q < n_q; ++q) {
       T* __restrict s = s_buf.data();
       T* __restrict p = p_buf.data();
       gather_row(sim + q * sim_sq, sim_sc, n_c, s);
-      std::fill(p, p + n_c, T(1));
+      std::fill(p, p + n_pad, T(1));
       // Eq. 16: pi_j = 1 + sum_{k != j} sigma((s_k - s_j) / tau), pairs (j, k > j)
       for (int64_t j = 0; j < n_c; ++j) {
         const T sj = s[j];
         T acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t k = j + 1; k < n_c; ++k) {
+        for (int64_t k = aligned_start(j + 1); k < n_pad; ++k) {
+          const T keep = pair_mask<T>(k, j, n_c);
           const T x = (s[k] - sj) * inv_tau;
-          acc += logistic_pos(x);  // sigma((s_k - s_j) / tau) -> pi_j
-          p[k] += logistic_neg(x);  // sigma((s_j - s_k) / tau) -> pi_k
+          acc += keep * logistic_pos(x);   // sigma((s_k - s_j) / tau) -> pi_j
+          p[k] += keep * logistic_neg(x);  // sigma((s_j - s_k) / tau) -> pi_k
         }
         p[j] += acc;
       }
@@ -57,9 +71,10 @@ void backward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, i
                    int64_t rel_sc, int64_t n_q, int64_t n_c, const T* idcg, const T* pi,
                    const T* grad_loss, T tau, T* grad_sim) {
   const T inv_tau = T(1) / tau;
-#pragma omp parallel
+  const int64_t n_pad = padded(n_c);
+#pragma omp parallel if (n_q * n_c * n_c >= kParallelWork)
   {
-    std::vector<T> s_buf(n_c), a_buf(n_c), g_buf(n_c);
+    std::vector<T> s_buf(n_pad, T(0)), a_buf(n_pad, T(0)), g_buf(n_pad);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t q = 0; q < n_q; ++q) {
       T* out = grad_sim + q * n_c;
@@ -74,14 +89,14 @@ void backward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, i
       const T* r = rel + q * rel_sq;
       const T* pq = pi + q * n_c;
       for (int64_t j = 0; j < n_c; ++j) a[j] = ndcg_gain(r[j * rel_sc]) * ndcg_discount_deriv(pq[j]);
-      std::fill(g, g + n_c, T(0));
+      std::fill(g, g + n_pad, T(0));
       // d DCG / d s_m = (1/tau) sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m); pairs (m, k > m)
       for (int64_t m = 0; m < n_c; ++m) {
         const T sm = s[m], am = a[m];
         T acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t k = m + 1; k < n_c; ++k) {
-          const T t = logistic_deriv((s[k] - sm) * inv_tau) * (a[k] - am);
+        for (int64_t k = aligned_start(m + 1); k < n_pad; ++k) {
+          const T t = pair_mask<T>(k, m, n_c) * logistic_deriv((s[k] - sm) * inv_tau) * (a[k] - am);
           acc += t;
           g[k] -= t;
         }
