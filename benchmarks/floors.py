@@ -1,0 +1,217 @@
+"""The two floors of an op: the time it cannot beat on this device.
+
+Measured once per run (``measure_ceilings``):
+
+- ``copy_bytes_per_s``: device-to-device copy of a large buffer, counting the bytes read
+  AND written (what a streaming kernel can move);
+- ``exp_per_s``: exponentials per second. CUDA: a tiny jiterator kernel (NVRTC, no
+  fastrank code) with independent chains of ``__expf``, the same hardware exp the
+  kernels use (ex2.approx on the special-function unit); CPU: the faster of numpy.exp
+  (AVX-512 / AVX2) and torch.exp on a cache-resident array with one thread, times the
+  thread count;
+- ``fp32_per_s``: fp32 operations (one per lane) per second (CUDA: jiterator FMA chains;
+  CPU: half the matmul flop rate, i.e. the FMA lanes at the rate a matmul reaches);
+- ``matmul_flops_per_s``: torch.mm of float32 matrices (TF32 off).
+
+An op's bench file gives its work as counts (``floor_counts``): bytes that must move
+(inputs read once, outputs written once), exponentials, other fp32 instructions,
+matmul flops. Then
+
+    bytes floor = bytes / copy_bytes_per_s
+    work floor  = max(exp / exp_per_s, fp32 / fp32_per_s, mm_flop / matmul_flops_per_s)
+    floor       = max(bytes floor, work floor);   reported: measured / floor
+
+A unit whose rate was not measured is left out (and said so in ``methods``).
+
+On the CPU the exp rate is a library's (numpy's AVX-512 / AVX2 exp, ~1 ulp), not a
+hardware bound: a kernel with a cheaper polynomial exp, or data that stay in cache (the
+copy bandwidth is measured on buffers larger than the caches), can run below this
+"floor"; measured / floor < 1 says exactly that. On the GPU the exp rate is the
+special-function unit's, a hardware bound.
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Callable, Optional
+
+import torch
+
+from .harness import time_call
+
+
+def _best_time(call: Callable[[], None], device: torch.device, repeats: int = 5) -> float:
+    """The fastest of a few calls: a ceiling is what the device can do at best."""
+    call()
+    return min(time_call(call, device) for _ in range(repeats))
+
+
+def _copy_bandwidth(device: torch.device, quick: bool) -> float:
+    n = (256 << 20) // 4 if device.type == "cuda" else (128 << 20) // 4
+    if quick:
+        n //= 8
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    t = _best_time(lambda: dst.copy_(src), device)
+    return 2 * n * 4 / t
+
+
+def _matmul_rate(device: torch.device, quick: bool) -> float:
+    n = (8192 if device.type == "cuda" else 1024) // (4 if quick else 1)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        a = torch.rand(n, n, device=device)
+        b = torch.rand(n, n, device=device)
+        c = torch.empty(n, n, device=device)
+        t = _best_time(lambda: torch.mm(a, b, out=c), device, repeats=3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return 2.0 * n ** 3 / t
+
+
+_EXP_CHAIN = """
+template <typename T> T fastrank_exp_chain(T x) {
+  float a = x, b = x + 0.25f, c = x + 0.5f, d = x + 0.75f;
+  for (int i = 0; i < 256; ++i) {
+    a = __expf(-a); b = __expf(-b); c = __expf(-c); d = __expf(-d);
+  }
+  return a + b + c + d;
+}
+"""
+_FMA_CHAIN = """
+template <typename T> T fastrank_fma_chain(T x) {
+  float a = x, b = x + 0.25f, c = x + 0.5f, d = x + 0.75f;
+  float e = x + 1.f, f = x + 1.25f, g = x + 1.5f, h = x + 1.75f;
+  for (int i = 0; i < 256; ++i) {
+    a = fmaf(a, 0.999f, 0.001f); b = fmaf(b, 0.999f, 0.001f);
+    c = fmaf(c, 0.999f, 0.001f); d = fmaf(d, 0.999f, 0.001f);
+    e = fmaf(e, 0.999f, 0.001f); f = fmaf(f, 0.999f, 0.001f);
+    g = fmaf(g, 0.999f, 0.001f); h = fmaf(h, 0.999f, 0.001f);
+  }
+  return a + b + c + d + e + f + g + h;
+}
+"""
+
+
+def _jiterator_rate(code: str, per_element: int, device: torch.device) -> float:
+    from torch.cuda import jiterator
+    fn = jiterator._create_jit_fn(code)
+    x = torch.rand(1 << 24, device=device)
+    t = _best_time(lambda: fn(x), device, repeats=5)
+    return per_element * x.numel() / t
+
+
+def _nominal_cuda_rates(device: torch.device) -> dict:
+    """Data-sheet rates from the SM count and max clock (fallback when NVRTC fails):
+    16 special-function results and 128 fp32 lanes per SM per clock (sm_80 / sm_90)."""
+    props = torch.cuda.get_device_properties(device)
+    clock_hz = None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits",
+                              f"--id={device.index or 0}"], capture_output=True, text=True, timeout=20)
+        clock_hz = float(out.stdout.strip().splitlines()[0]) * 1e6
+    except Exception:  # noqa: BLE001
+        clock_hz = getattr(props, "clock_rate", 0) * 1e3 or None
+    if not clock_hz:
+        return {}
+    sms = props.multi_processor_count
+    return {"exp_per_s": 16 * sms * clock_hz, "fp32_per_s": 128 * sms * clock_hz}
+
+
+def _cpu_exp_rate(quick: bool) -> tuple:
+    """The faster of numpy's exp (AVX2 / AVX-512 where the CPU has it) and torch.exp on a
+    cache-resident float32 array, with one thread, times torch's thread count: an upper
+    bound for the threads, and robust on a shared machine, where a multi-threaded
+    fork-join is often disturbed (the fastest of many single calls is kept for the same
+    reason). Returns (rate, which)."""
+    import numpy as np
+
+    x = torch.rand(1 << 16) * -10
+    out = torch.empty_like(x)
+    xn, outn = x.numpy(), out.numpy()
+    threads = torch.get_num_threads()
+    reps = 10 if quick else 50
+    torch.set_num_threads(1)
+    try:
+        t_torch = _best_time(lambda: torch.exp(x, out=out), torch.device("cpu"), repeats=reps)
+    finally:
+        torch.set_num_threads(threads)
+    t_numpy = _best_time(lambda: np.exp(xn, out=outn), torch.device("cpu"), repeats=reps)
+    t, which = min((t_torch, "torch.exp"), (t_numpy, "numpy.exp"))
+    return threads * x.numel() / t, which
+
+
+def measure_ceilings(device: torch.device, quick: bool = False) -> dict:
+    """The device's measured rates (see module docstring); a few seconds at most
+    (quick: smaller buffers, a rough estimate in well under a second)."""
+    device = torch.device(device)
+    ceil: dict = {"methods": {}}
+    t0 = time.perf_counter()
+    ceil["copy_bytes_per_s"] = _copy_bandwidth(device, quick)
+    ceil["methods"]["copy_bytes_per_s"] = "dst.copy_(src), read + write bytes"
+    try:
+        ceil["matmul_flops_per_s"] = _matmul_rate(device, quick)
+        ceil["methods"]["matmul_flops_per_s"] = "torch.mm float32, TF32 off"
+    except Exception as e:  # noqa: BLE001
+        ceil["methods"]["matmul_flops_per_s"] = f"n/a ({type(e).__name__})"
+    if device.type == "cuda":
+        try:
+            ceil["exp_per_s"] = _jiterator_rate(_EXP_CHAIN, 4 * 256, device)
+            ceil["fp32_per_s"] = _jiterator_rate(_FMA_CHAIN, 8 * 256, device)
+            ceil["methods"]["exp_per_s"] = "jiterator kernel, 4 chains of __expf"
+            ceil["methods"]["fp32_per_s"] = "jiterator kernel, 8 chains of fmaf"
+        except Exception as e:  # noqa: BLE001
+            nominal = _nominal_cuda_rates(device)
+            ceil.update(nominal)
+            why = f"jiterator failed ({type(e).__name__}: {str(e)[:120]})"
+            for k in ("exp_per_s", "fp32_per_s"):
+                ceil["methods"][k] = (f"nominal: SMs x clock ({why})" if k in nominal else f"n/a: {why}")
+    else:
+        ceil["exp_per_s"], which = _cpu_exp_rate(quick)
+        ceil["methods"]["exp_per_s"] = f"{which} (the faster of numpy and torch) on a cache-resident array, 1 thread x threads"
+        complete_cpu_ceilings(ceil)
+    ceil["measure_s"] = time.perf_counter() - t0
+    return ceil
+
+
+def complete_cpu_ceilings(ceil: dict) -> dict:
+    """CPU fp32 rate from the matmul rate (also for results saved before it existed)."""
+    if not ceil.get("fp32_per_s") and ceil.get("matmul_flops_per_s"):
+        ceil["fp32_per_s"] = ceil["matmul_flops_per_s"] / 2
+        ceil.setdefault("methods", {})["fp32_per_s"] = \
+            "matmul flops / 2: the FMA lanes at the rate a matmul reaches"
+    return ceil
+
+
+_UNITS = (("exp", "exp_per_s"), ("fp32", "fp32_per_s"), ("mm_flop", "matmul_flops_per_s"))
+
+
+def floor_of(counts: Optional[dict], ceilings: dict) -> Optional[dict]:
+    """The floors of one case from its counts; None without a model."""
+    if not counts:
+        return None
+    out = {"counts": counts}
+    bw = ceilings.get("copy_bytes_per_s")
+    out["bytes_s"] = counts.get("bytes", 0) / bw if bw else None
+    work = [counts[c] / ceilings[r] for c, r in _UNITS if counts.get(c) and ceilings.get(r)]
+    out["work_s"] = max(work) if work else None
+    both = [v for v in (out["bytes_s"], out["work_s"]) if v]
+    out["floor_s"] = max(both) if both else None
+    out["bound"] = None if not both else ("bytes" if out["floor_s"] == out["bytes_s"] else "work")
+    return out
+
+
+def annotate(records, specs_by_name: dict, ceilings: dict, itemsize_of) -> None:
+    """Add ``floor`` (and measured / floor) to every ok record whose op has a model."""
+    for rec in records:
+        spec = specs_by_name.get(rec["op"])
+        if spec is None or spec.floor_counts is None or rec["status"] != "ok":
+            continue
+        counts = spec.floor_counts(rec["mode"], rec["size"], itemsize_of(rec["dtype"]))
+        fl = floor_of(counts, ceilings)
+        if fl and fl["floor_s"]:
+            fl["measured_over_floor"] = rec["time"]["median_s"] / fl["floor_s"]
+            if counts.get("bytes") and rec["time"]["median_s"] > 0:
+                fl["effective_bytes_per_s"] = counts["bytes"] / rec["time"]["median_s"]
+        rec["floor"] = fl

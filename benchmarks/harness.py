@@ -1,0 +1,388 @@
+"""Running one benchmark case: guard, warm-up, timed repeats, peak memory, one record.
+
+A case is (op, implementation, mode, size). Each ``bench_<op>.py`` describes its op as
+an :class:`OpBench`; this module runs its cases the same way for every op:
+
+1. Guard. Skip (with the reason recorded) when the estimated memory exceeds the budget
+   (a fraction of the free memory; the estimate is the op's analytic one, corrected by
+   what was measured at the previous size), or when the time of one call, extrapolated
+   from the previous size with the op's cost model, would blow the per-case limit.
+2. Warm-up. One call (for torch.compile this one compiles: its time is recorded as
+   ``first_call_s``), a second one if the first was quick. Peak extra memory is
+   measured on the last warm-up call (memory.py).
+3. Repeats until ``max_repeats`` calls or ``repeat_budget_s`` seconds (at least
+   ``min_repeats``). CPU: ``time.perf_counter``; CUDA: events around the call.
+   Reported: median, quartiles, min, max.
+
+Modes: ``forward`` (inputs do not require grad), ``backward`` (the forward is run
+untimed before each call; the call is the backward alone), ``forward+backward``.
+NotImplementedError anywhere becomes "skipped: not implemented", so ops that are not
+written yet show up as such instead of breaking the run.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .memory import PeakMemory, available_bytes, release_freed_memory
+
+MODES = ("forward+backward", "forward", "backward")
+
+
+@dataclass
+class OpBench:
+    """What a bench file declares about its op.
+
+    impls: name -> factory; the factory returns ``fn(**inputs)`` giving a scalar loss
+      or a tuple of tensors. Factories are called once per run (compiled functions are
+      reused across sizes).
+    sizes: "cpu" / "cuda" / "quick" -> list of size dicts, e.g. ``{"n": 64, "m": 64}``.
+    make_inputs(size, device, dtype, requires_grad) -> dict of tensors.
+    work(size) -> relative cost (any unit), used to extrapolate time between sizes.
+    est_bytes(impl, mode, size, itemsize) -> estimated peak extra bytes (the guard).
+    floor_counts(mode, size, itemsize) -> {"bytes", "exp", "fp32", "mm_flop"} (floors.py),
+      or None when the op has no floor model.
+    """
+    name: str
+    impls: Dict[str, Callable[[], Callable]]
+    sizes: Dict[str, List[dict]]
+    make_inputs: Callable
+    work: Callable[[dict], float]
+    est_bytes: Callable[[str, str, dict, int], float]
+    floor_counts: Optional[Callable[[str, dict, int], dict]] = None
+    modes: tuple = MODES
+    baseline: str = "reference"
+    size_label: Callable[[dict], str] = lambda s: f"{s['n']} x {s['m']}"
+    x_of: Callable[[dict], float] = lambda s: s["n"]
+    x_name: str = "N (= M)"
+    notes: str = ""
+    group: str = ""            # ops of one group share a plot (the PyTorch losses)
+    out_bytes: Optional[Callable[[dict, int], float]] = None   # one output matrix, for "peak / output"
+    unavailable: Dict[str, str] = field(default_factory=dict)   # impl -> why it cannot run
+
+
+@dataclass
+class Config:
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    min_repeats: int = 3
+    max_repeats: int = 30
+    repeat_budget_s: float = 3.0       # time spent on timed repeats of one case
+    case_limit_s: float = 120.0        # skip a case whose predicted cost exceeds this
+    mem_fraction: float = 0.5          # of the free memory, for one case
+    mem_budget_bytes: Optional[float] = None   # hard cap (used by --quick)
+    deadline: Optional[float] = None   # time.monotonic() after which cases are skipped
+    seed: int = 0
+    no_warmup: bool = False            # time the first call (used for the one-off --huge case)
+    max_warmup: int = 2                # 1: a single warm-up call (--quick)
+
+    def mem_budget(self) -> float:
+        b = self.mem_fraction * available_bytes(self.device)
+        return min(b, self.mem_budget_bytes) if self.mem_budget_bytes else b
+
+
+@dataclass
+class History:
+    """What earlier sizes of the same (op, impl, mode) measured: the guard's evidence."""
+    last: Dict[tuple, dict] = field(default_factory=dict)
+
+    def update(self, key, size_work, seconds, peak, est):
+        self.last[key] = {"work": size_work, "seconds": seconds, "peak": peak, "est": est}
+
+    def predict_seconds(self, key, size_work) -> Optional[float]:
+        """The previous size's fastest call scaled by the work ratio; None when there is
+        no previous size or it is more than 64x smaller (overheads dominate there)."""
+        h = self.last.get(key)
+        if not h or not h["work"] or size_work > 64 * h["work"]:
+            return None
+        return h["seconds"] * size_work / h["work"]
+
+    def mem_correction(self, key) -> float:
+        """measured / estimated at the previous size (clamped to >= 0.25); 1 when the
+        previous peak was under 8 MB, where fixed overheads (allocator, thread stacks,
+        page granularity) swamp the op's own memory."""
+        h = self.last.get(key)
+        if not h or not h["peak"] or not h["est"] or h["peak"] < (8 << 20):
+            return 1.0
+        return max(0.25, h["peak"] / h["est"])
+
+
+class Skip(Exception):
+    """A case that is not run, with the reason recorded in the results."""
+
+
+def fmt_bytes(b: float) -> str:
+    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if b >= k:
+            return f"{b / k:.3g} {unit}"
+    return f"{int(b)} B"
+
+
+# ------------------------------------------------------------------------ timing
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(call: Callable[[], None], device: torch.device) -> float:
+    """Seconds taken by call(); CUDA timed with events on the current stream."""
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+def summarize(times: List[float]) -> dict:
+    ts = sorted(times)
+    if len(ts) >= 2:
+        q = statistics.quantiles(ts, n=4, method="inclusive")
+        p25, p75 = q[0], q[2]
+    else:
+        p25 = p75 = ts[0]
+    return {"median_s": statistics.median(ts), "p25_s": p25, "p75_s": p75,
+            "min_s": ts[0], "max_s": ts[-1], "repeats": len(ts)}
+
+
+# ------------------------------------------------------------------------ one case
+
+def _backward(out, grad_cache: dict) -> None:
+    """Backpropagate a scalar loss, or a tuple of tensors with cached all-ones grads."""
+    if isinstance(out, torch.Tensor) and out.dim() == 0:
+        out.backward()
+        return
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(o, torch.Tensor) and o.requires_grad]
+    grads = []
+    for o in outs:
+        key = (tuple(o.shape), o.dtype, o.device)
+        if key not in grad_cache:
+            grad_cache[key] = torch.ones_like(o)
+        grads.append(grad_cache[key])
+    torch.autograd.backward(outs, grads)
+
+
+def _calls(fn, inputs, mode):
+    """(setup, call) for a mode; setup runs untimed before every call."""
+    grad_cache: dict = {}
+    state: dict = {}
+    leaves = [t for t in inputs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    if mode == "forward":
+        return (lambda: None), (lambda: fn(**inputs))
+    if mode == "backward":
+        def setup():
+            clear()
+            state["out"] = fn(**inputs)
+
+        def call():
+            _backward(state.pop("out"), grad_cache)
+        return setup, call
+
+    def call_fb():
+        _backward(fn(**inputs), grad_cache)
+    return clear, call_fb
+
+
+def classify_error(e: BaseException) -> tuple:
+    """(status, reason) for an exception raised by a case."""
+    chain, cur = [], e
+    while cur is not None and len(chain) < 8:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    text = " | ".join(f"{type(c).__name__}: {c}" for c in chain)
+    if isinstance(e, Skip):
+        return "skipped", str(e)
+    if any(isinstance(c, NotImplementedError) for c in chain) or "NotImplementedError" in text:
+        return "skipped", "not implemented"
+    if "impl='native'" in text:
+        return "skipped", "native kernels unavailable: " + str(e).split(", but ")[-1][:120]
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in text.lower() \
+            or "can't allocate memory" in text:
+        return "skipped", "out of memory"
+    first = text.splitlines()[0] if text else type(e).__name__
+    return "error", first[:300]
+
+
+def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: dict,
+             cfg: Config, history: History) -> dict:
+    """Run one case and return its record (status "ok", "skipped" or "error")."""
+    rec = {"op": spec.name, "group": spec.group or spec.name, "impl": impl, "mode": mode, "size": dict(size),
+           "size_label": spec.size_label(size), "x": spec.x_of(size),
+           "dtype": str(cfg.dtype).replace("torch.", ""), "device": str(cfg.device),
+           "status": "ok", "reason": None, "time": None, "memory": None,
+           "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    key = (spec.name, impl, mode)
+    wall0 = time.perf_counter()
+    itemsize = torch.empty((), dtype=cfg.dtype).element_size()
+    work = spec.work(size)
+    est = spec.est_bytes(impl, mode, size, itemsize)
+    inputs = None
+    try:
+        if fn is None:
+            raise Skip(spec.unavailable.get(impl, "not implemented"))
+        if cfg.deadline is not None and time.monotonic() > cfg.deadline:
+            raise Skip("run time limit reached")
+        guarded = est * history.mem_correction(key)
+        budget = cfg.mem_budget()
+        rec["memory_estimate_bytes"] = guarded
+        if guarded > budget:
+            raise Skip(f"would not fit: needs ~{fmt_bytes(guarded)}, budget {fmt_bytes(budget)}")
+        pred = history.predict_seconds(key, work)
+        min_repeats, max_repeats = cfg.min_repeats, cfg.max_repeats
+        if pred is not None and pred * (1 + min_repeats) > cfg.case_limit_s:
+            calls = int(cfg.case_limit_s / pred)      # warm-up + repeats that fit the limit
+            if calls < 2:
+                raise Skip(f"too slow: predicted ~{pred:.3g} s per call, case limit {cfg.case_limit_s:g} s")
+            min_repeats = max_repeats = calls - 1     # fewer repeats rather than none
+
+        torch.manual_seed(cfg.seed)
+        inputs = spec.make_inputs(size, cfg.device, cfg.dtype, mode != "forward")
+        setup, call = _calls(fn, inputs, mode)
+        meter = PeakMemory(cfg.device)
+
+        # warm-up: one call, or two when the first compiles or a call is quick
+        # (predicted < 1 s); peak memory is measured on the last warm-up call.
+        # no_warmup: the first call is the only one, timed and measured.
+        times: List[float] = []
+        setup()
+        if cfg.no_warmup:
+            with meter.measure() as m:
+                times.append(time_call(call, cfg.device))
+            rec["warmup"] = 0
+        elif impl != "compiled" and (cfg.max_warmup < 2 or min_repeats < cfg.min_repeats
+                                      or (pred is not None and pred > 1.0)):
+            with meter.measure() as m:
+                rec["first_call_s"] = time_call(call, cfg.device)
+            rec["warmup"] = 1
+        else:
+            rec["first_call_s"] = time_call(call, cfg.device)
+            setup()
+            with meter.measure() as m:
+                call()
+            rec["warmup"] = 2
+        rec["memory"] = {"peak_bytes": m.peak_bytes, "method": meter.method}
+        if spec.out_bytes and m.peak_bytes is not None:
+            rec["memory"]["peak_over_one_output"] = m.peak_bytes / spec.out_bytes(size, itemsize)
+
+        # timed repeats
+        t_start = time.perf_counter()
+        while len(times) < max_repeats:
+            if len(times) >= min_repeats and time.perf_counter() - t_start >= cfg.repeat_budget_s:
+                break
+            if cfg.deadline is not None and time.monotonic() > cfg.deadline and len(times) >= 1:
+                break
+            setup()
+            times.append(time_call(call, cfg.device))
+        rec["time"] = summarize(times)
+        history.update(key, work, rec["time"]["min_s"], m.peak_bytes, est)
+    except Skip as s:
+        rec["status"], rec["reason"] = "skipped", str(s)
+    except Exception as e:  # noqa: BLE001 - any failure is recorded, the run goes on
+        rec["status"], rec["reason"] = classify_error(e)
+        if rec["status"] == "error":
+            rec["traceback"] = traceback.format_exc(limit=6)
+    finally:
+        inputs = None
+        if cfg.device.type == "cuda":
+            torch.cuda.empty_cache()
+        rec["wall_s"] = time.perf_counter() - wall0
+    return rec
+
+
+def probe(spec: OpBench, impl_fns: Dict[str, Callable], cfg: Config) -> Dict[str, str]:
+    """Impls that cannot run at all (not implemented, native not built), with the reason:
+    one tiny forward call each, so their cases are skipped without retrying every size."""
+    out = {}
+    small = spec.sizes["quick"][0]
+    for impl, fn in impl_fns.items():
+        if fn is None or impl == "compiled":
+            continue
+        try:
+            inputs = spec.make_inputs(small, cfg.device, cfg.dtype, False)
+            fn(**inputs)
+        except Exception as e:  # noqa: BLE001
+            status, reason = classify_error(e)
+            if status == "skipped" and reason != "out of memory":
+                out[impl] = reason
+    return out
+
+
+def make_impls(spec: OpBench, names) -> Dict[str, Optional[Callable]]:
+    fns = {}
+    for name in names:
+        if name not in spec.impls:
+            continue
+        if name in spec.unavailable:
+            fns[name] = None
+            continue
+        try:
+            fns[name] = spec.impls[name]()
+        except Exception as e:  # noqa: BLE001
+            fns[name] = None
+            spec.unavailable[name] = classify_error(e)[1]
+    return fns
+
+
+def bench_ops(specs: List[OpBench], impls, modes, cfg: Config, size_key: str,
+              log=print) -> List[dict]:
+    """All cases: modes in priority order (forward+backward first), then ops, sizes, impls.
+    A compiled implementation whose first call fails is not retried at larger sizes."""
+    records: List[dict] = []
+    history = History()
+    prepared = []
+    for spec in specs:
+        fns = make_impls(spec, impls)
+        bad = probe(spec, fns, cfg)
+        for impl, reason in bad.items():
+            fns[impl] = None
+            spec.unavailable[impl] = reason
+        if "compiled" in fns and fns["compiled"] is not None and "reference" in bad:
+            fns["compiled"] = None
+            spec.unavailable["compiled"] = bad["reference"]
+        prepared.append((spec, fns))
+    for mode in [m for m in MODES if m in modes]:
+        for spec, fns in prepared:
+            if mode not in spec.modes:
+                continue
+            for size in spec.sizes[size_key]:
+                for impl, fn in fns.items():
+                    rec = run_case(spec, impl, fn, mode, size, cfg, history)
+                    records.append(rec)
+                    log(_line(rec))
+                    if impl == "compiled" and rec["status"] == "error":
+                        fns[impl] = None
+                        spec.unavailable[impl] = \
+                            "torch.compile failed: " + rec["reason"][:200]
+    return records
+
+
+def _line(rec: dict) -> str:
+    head = f"{rec['op']:<18} {rec['mode']:<17} {rec['size_label']:>15} {rec['impl']:<10}"
+    if rec["status"] != "ok":
+        return f"{head} {rec['status']}: {rec['reason']}"
+    t = rec["time"]
+    mem = rec["memory"]["peak_bytes"]
+    mem_s = fmt_bytes(mem) if mem is not None else "n/a"
+    return (f"{head} {t['median_s'] * 1e3:10.3f} ms  [{t['p25_s'] * 1e3:.3f}, {t['p75_s'] * 1e3:.3f}]"
+            f"  x{t['repeats']:<3} peak {mem_s}")
