@@ -34,8 +34,10 @@ test: install
 demo: install
 	$(PY) -m fastrank demo
 
+# `python benchmarks` (the folder, not -m) so the installed package with its native
+# modules is imported rather than the source tree.
 bench: install
-	$(PY) -m benchmarks --quick
+	$(PY) benchmarks --quick
 
 clean:
 	rm -rf build $(VENV) fastrank/_C_*.so demo_results

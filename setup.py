@@ -73,8 +73,11 @@ class CMakeBuild(build_ext):
 
     def copy_extensions_to_source(self):
         # `build_ext --inplace`: CMake wrote both modules next to the declared one.
+        # Copy then rename: overwriting a loaded .so in place crashes processes using it.
         for so in (Path(self.build_lib) / "fastrank").glob("_C_*"):
-            shutil.copy2(so, ROOT / "fastrank" / so.name)
+            tmp = ROOT / "fastrank" / (so.name + ".tmp")
+            shutil.copy2(so, tmp)
+            os.replace(tmp, ROOT / "fastrank" / so.name)
 
 
 setup(

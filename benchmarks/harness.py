@@ -5,8 +5,9 @@ an :class:`OpBench`; this module runs its cases the same way for every op:
 
 1. Guard. Skip (with the reason recorded) when the estimated memory exceeds the budget
    (a fraction of the free memory; the estimate is the op's analytic one, corrected by
-   what was measured at the previous size), or when the time of one call, extrapolated
-   from the previous size with the op's cost model, would blow the per-case limit.
+   what was measured at the previous size), or when even two calls (time extrapolated
+   from the previous size with the op's cost model) would not fit the per-case limit;
+   when warm-up + ``min_repeats`` do not fit, fewer repeats are run.
 2. Warm-up. One call (for torch.compile this one compiles: its time is recorded as
    ``first_call_s``), a second one if the first was quick. Peak extra memory is
    measured on the last warm-up call (memory.py).
@@ -21,8 +22,6 @@ written yet show up as such instead of breaking the run.
 """
 from __future__ import annotations
 
-import gc
-import math
 import os
 import statistics
 import time
@@ -32,7 +31,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .memory import PeakMemory, available_bytes, release_freed_memory
+from .memory import PeakMemory, available_bytes
 
 MODES = ("forward+backward", "forward", "backward")
 

@@ -55,8 +55,8 @@ def _csv(s: str) -> List[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
-def build_parser(default_ops, default_modes, description) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=description)
+def build_parser(default_ops, default_modes, description, name_suffix="") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=None if name_suffix else "python -m benchmarks", description=description)
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and few repeats (about a minute; torch.compile not run)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
@@ -114,7 +114,8 @@ def make_config(args, device: torch.device) -> Config:
 
 def main(argv: Optional[List[str]] = None, default_ops=tuple(OPS), default_modes=MODES,
          name_suffix: str = "", description: str = None) -> int:
-    args = build_parser(default_ops, default_modes, description or __doc__.splitlines()[0]).parse_args(argv)
+    args = build_parser(default_ops, default_modes, description or __doc__.splitlines()[0],
+                        name_suffix).parse_args(argv)
     faulthandler.enable()  # a crash in a kernel prints the Python stack of the case
     if args.rerender:
         return rerender(args.rerender, plots=not args.no_plots)
