@@ -24,54 +24,24 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
     sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _here.parent]
     sys.path.append(str(_here.parents[1]))  # after site-packages: an installed fastrank wins
 
-import torch
 
 import fastrank
 from benchmarks import baselines
 from benchmarks.harness import OpBench
+from benchmarks.pairwise import cubic_est_bytes, cubic_work, make_inputs, pair_count, rw_bytes
 
 WINDOWS = 18  # round((1 - 0 - 0.1) / 0.05) with the default label_range, alpha and beta
-
-
-def make_inputs(size, device, dtype, requires_grad):
-    n, m = size["n"], size["m"]
-    sim = (torch.rand(n, m, device=device) * 2 - 1).to(dtype).requires_grad_(requires_grad)
-    rel = torch.rand(n, m, device=device).to(dtype)
-    if n == m:
-        rel.fill_diagonal_(1.0)
-    return {"sim": sim, "relevance": rel}
-
-
-def work_cubic(size):
-    return size["n"] * size["m"] * (size["n"] + size["m"])
 
 
 def work_sw(size):
     return WINDOWS * size["n"] * size["m"]
 
 
-def _rw_bytes(mode, n, m, itemsize):
-    # read sim and relevance; the backward also writes the gradient
-    return {"forward": 2, "backward": 3, "forward+backward": 3}[mode] * n * m * itemsize
-
-
-def est_kendall(impl, mode, size, itemsize):
-    n, m = size["n"], size["m"]
-    cube = n * m * max(n, m) * itemsize
-    units = {"forward": 3, "backward": 4, "forward+backward": 6}[mode]
-    flat = 8 * n * m * 4
-    if impl in ("reference", "compiled"):
-        return units * cube + flat
-    if impl == "chunked":
-        return units * min(cube, baselines.BLOCK_ELEMENTS * itemsize) + 2 * flat
-    return flat
-
-
 def floor_kendall(mode, size, itemsize):
     n, m = size["n"], size["m"]
-    pairs = n * m * (m - 1) / 2 + m * n * (n - 1) / 2
+    pairs = pair_count(n, m)
     passes = 0 if mode == "backward" else 1
-    return {"bytes": _rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs * passes}
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs * passes}
 
 
 def est_sw(impl, mode, size, itemsize):
@@ -84,7 +54,7 @@ def est_sw(impl, mode, size, itemsize):
 
 def floor_sw(mode, size, itemsize):
     n, m = size["n"], size["m"]
-    return {"bytes": _rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m}
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m}
 
 
 def _native(name):
@@ -106,8 +76,8 @@ KENDALL = OpBench(
         "quick": [{"n": n, "m": n} for n in (16, 128)],
     },
     make_inputs=make_inputs,
-    work=work_cubic,
-    est_bytes=est_kendall,
+    work=cubic_work,
+    est_bytes=cubic_est_bytes,
     floor_counts=floor_kendall,
     notes="direction=both, reduction=mean, alpha=0.1; floor: N*M*(M-1)/2 pairs x 4 fp32 per direction",
 )

@@ -22,15 +22,7 @@ import torch
 import fastrank
 from benchmarks import baselines
 from benchmarks.harness import OpBench
-
-
-def make_inputs(size, device, dtype, requires_grad):
-    n, m = size["n"], size["m"]
-    sim = (torch.rand(n, m, device=device) * 2 - 1).to(dtype).requires_grad_(requires_grad)
-    rel = torch.rand(n, m, device=device).to(dtype)
-    if n == m:
-        rel.fill_diagonal_(1.0)
-    return {"sim": sim, "relevance": rel}
+from benchmarks.pairwise import make_inputs
 
 
 def _spec(name, call):

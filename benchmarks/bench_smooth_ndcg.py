@@ -19,51 +19,19 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
     sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _here.parent]
     sys.path.append(str(_here.parents[1]))  # after site-packages: an installed fastrank wins
 
-import torch
 
 import fastrank
 from benchmarks import baselines
 from benchmarks.harness import OpBench
+from benchmarks.pairwise import cubic_est_bytes, cubic_work, make_inputs, pair_count, rw_bytes
 
 TAU = 0.01
-
-
-def make_inputs(size, device, dtype, requires_grad):
-    n, m = size["n"], size["m"]
-    sim = (torch.rand(n, m, device=device) * 2 - 1).to(dtype).requires_grad_(requires_grad)
-    rel = torch.rand(n, m, device=device).to(dtype)
-    if n == m:
-        rel.fill_diagonal_(1.0)
-    return {"sim": sim, "relevance": rel}
-
-
-def pairs_per_pass(n, m):
-    """sigmoid pairs of both directions: N*M*(M-1)/2 + M*N*(N-1)/2."""
-    return n * m * (m - 1) / 2 + m * n * (n - 1) / 2
-
-
-def work(size):
-    return size["n"] * size["m"] * (size["n"] + size["m"])
-
-
-def est_bytes(impl, mode, size, itemsize):
-    n, m = size["n"], size["m"]
-    cube = n * m * max(n, m) * itemsize          # one (N, M, M) tensor
-    units = {"forward": 3, "backward": 4, "forward+backward": 6}[mode]
-    flat = 8 * n * m * 4
-    if impl in ("reference", "compiled"):
-        return units * cube + flat
-    if impl == "chunked":
-        return units * min(cube, baselines.BLOCK_ELEMENTS * itemsize) + 2 * flat
-    return flat
 
 
 def floor_counts(mode, size, itemsize):
     n, m = size["n"], size["m"]
     passes = {"forward": 1, "backward": 1, "forward+backward": 2}[mode]
-    # bytes that must move: read sim and relevance; the backward also writes the gradient
-    nbytes = {"forward": 2, "backward": 3, "forward+backward": 3}[mode] * n * m * itemsize
-    return {"bytes": nbytes, "exp": passes * pairs_per_pass(n, m)}
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "exp": passes * pair_count(n, m)}
 
 
 SMOOTH_NDCG = OpBench(
@@ -80,8 +48,8 @@ SMOOTH_NDCG = OpBench(
         "quick": [{"n": n, "m": n} for n in (16, 128)],
     },
     make_inputs=make_inputs,
-    work=work,
-    est_bytes=est_bytes,
+    work=cubic_work,
+    est_bytes=cubic_est_bytes,
     floor_counts=floor_counts,
     notes="direction=both, reduction=mean, tau=0.01; floor: N*M*(M-1)/2 exps per direction per pass",
 )
