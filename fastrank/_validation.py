@@ -20,11 +20,37 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def check_finite_enabled() -> bool:
-    """Value checks (NaN/inf) read the data, which syncs a CUDA stream and cannot be
-    traced by torch.compile; they are skipped under compile and when
-    FASTRANK_CHECK_FINITE=0."""
-    return not _compiling() and os.environ.get("FASTRANK_CHECK_FINITE", "1") != "0"
+_check_finite_override: Optional[bool] = None
+
+
+def set_check_finite(enabled: Optional[bool]) -> None:
+    """The Python switch for the value checks of SPEC.md section 1 (the equivalent of
+    ``FASTRANK_CHECK_FINITE``): True raises on NaN/inf on every device, False never
+    checks, None (the default) restores the environment variable's or the built-in rule."""
+    global _check_finite_override
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True, False or None, got {enabled!r}")
+    _check_finite_override = enabled
+
+
+def check_finite_enabled(device: Optional[torch.device] = None) -> bool:
+    """Whether to read the data to check for NaN/inf (SPEC.md section 1).
+
+    A value check reads the data: on CUDA that synchronises the stream with the host and
+    breaks CUDA-graph capture, and torch.compile cannot trace it. So it is skipped under
+    compile; otherwise ``set_check_finite`` decides, else ``FASTRANK_CHECK_FINITE`` (1 = on
+    everywhere, 0 = off everywhere), else the default: on for CPU tensors (or device None),
+    off for CUDA, where the kernels propagate NaN/inf into the loss and gradient instead."""
+    if _compiling():
+        return False
+    if _check_finite_override is not None:
+        return _check_finite_override
+    env = os.environ.get("FASTRANK_CHECK_FINITE", "")
+    if env == "1":
+        return True
+    if env == "0":
+        return False
+    return device is None or device.type != "cuda"
 
 
 def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool = True,
@@ -38,7 +64,7 @@ def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool =
         raise ValueError(f"{name} must be a {ndim}-D tensor, got shape {tuple(x.shape)}")
     if not allow_empty and x.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
-    if finite and float_only and check_finite_enabled() and not bool(torch.isfinite(x).all()):
+    if finite and float_only and check_finite_enabled(x.device) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
     return x
 
@@ -60,6 +86,22 @@ def check_like(x, name: str, ref: torch.Tensor, ref_name: str = "sim") -> torch.
 
 def check_relevance(relevance, sim: torch.Tensor) -> torch.Tensor:
     return check_like(relevance, "relevance", sim)
+
+
+def check_mask(mask, sim: torch.Tensor) -> Optional[torch.Tensor]:
+    """Optional bool (N, M) list-membership mask of SPEC.md 2.1a (True = in the list).
+    Metadata only: no value is read, so this never synchronises a CUDA stream."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a bool torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must have dtype torch.bool, got {mask.dtype}")
+    if mask.shape != sim.shape:
+        raise ValueError(f"mask must have the same shape as sim {tuple(sim.shape)}, got {tuple(mask.shape)}")
+    if mask.device != sim.device:
+        raise ValueError(f"mask is on {mask.device} but sim is on {sim.device}")
+    return mask
 
 
 def check_positives(positives, sim: torch.Tensor) -> torch.Tensor:

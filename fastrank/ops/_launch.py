@@ -44,4 +44,29 @@ def call(name: str, like: torch.Tensor, *args) -> None:
         fn(code, *args)
 
 
-__all__ = ["acc_dtype", "kernel_dtype", "mat", "call"]
+# Codes passed to the fused kernels (one call computes every requested direction and
+# the reduction; csrc/include/fastrank/common.h: Direction, Reduction).
+DIRECTION_CODE = {"i2t": 1, "t2i": 2, "both": 3}
+REDUCTION_CODE = {"none": 0, "mean": 1, "sum": 2}
+
+
+def mask_args(mask):
+    """(pointer, row stride, column stride) of an optional bool mask; (0, 0, 0) for None.
+    The kernels read a bool as one byte (0 or 1)."""
+    if mask is None:
+        return 0, 0, 0
+    return mask.data_ptr(), mask.stride(0), mask.stride(1)
+
+
+def apply(function, op, *args):
+    """Run a native loss: ``function.apply(*args)`` (a ``torch.autograd.Function``, the
+    cheapest eager path) outside torch.compile, ``op(*args)`` (the ``torch.library``
+    custom op with its registered fake and autograd, which dynamo traces) inside it.
+    Both call the same kernel wrappers, so they compute the same thing."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    return function.apply(*args)
+
+
+__all__ = ["acc_dtype", "kernel_dtype", "mat", "call", "mask_args", "apply", "DIRECTION_CODE",
+           "REDUCTION_CODE"]

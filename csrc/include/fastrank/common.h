@@ -151,6 +151,25 @@ template <typename A> FR_HD A logistic_deriv(A x) {
   return e * a * a;
 }
 
+// ---- fused-call conventions -----------------------------------------------------------
+// One native loss call computes every requested direction and the reduction itself
+// (codes match fastrank/ops/_launch.py: DIRECTION_CODE, REDUCTION_CODE).
+enum Direction : int { kI2T = 1, kT2I = 2, kBoth = 3 };
+enum Reduction : int { kNone = 0, kMean = 1, kSum = 2 };
+
+// ---- NaN propagation (SPEC.md section 1) -------------------------------------------------
+// On CUDA no host check runs by default: a NaN or inf in the input must reach the loss
+// and the gradient. std::max(NaN, 0) and fmaxf(NaN, 0) return 0, so the kernels use these:
+//  - hinge_nan(x) = [x]+ for numbers, NaN for NaN (and for -inf: 0 * inf), branch-free;
+//  - max_nan / min_nan: NaN wins (once the running value is NaN it stays NaN);
+//  - poison(x) = 0 * x: 0 for finite x, NaN for NaN or +-inf. A kernel adds the poison of
+//    every value it read but did not otherwise fold into an output, so a non-finite
+//    input can never yield a finite result (0 * x survives: no -ffinite-math-only).
+template <typename A> FR_HD A hinge_nan(A x) { return x > A(0) ? x : A(0) * x; }
+template <typename A> FR_HD A max_nan(A a, A b) { return (b > a || b != b) ? b : a; }
+template <typename A> FR_HD A min_nan(A a, A b) { return (b < a || b != b) ? b : a; }
+template <typename A> FR_HD A poison(A x) { return A(0) * x; }
+
 // ---- NDCG pieces (paper 000, Eq. 17) -------------------------------------------------
 // gain g = 2^r - 1; discount f(p) = 1 / log2(1 + p) = ln 2 / ln(1 + p);
 // f'(p) = -ln 2 / ((1 + p) * ln(1 + p)^2).
