@@ -12,10 +12,12 @@ label_range=(0, 1), so M_w = 18 windows).
 Floors. kendall: N*M*(M-1)/2 unordered pairs per direction (at most one of (j, k), (k, j)
 is active, since r_j > r_k + alpha excludes the reverse), ~4 fp32 instructions each
 (difference, compare, hinge, accumulate), one pass: the hinge's gradient is known during
-the forward, so forward+backward needs no second pass over the pairs.
+the forward, so forward+backward needs no second pass over the pairs. On the CPU the
+pair's work is also counted as one compare+select+add (floors.py measures that rate on
+one core), which is the binding one there.
 kendall_sw: bytes-bound: read sim and relevance once (~4 fp32 instructions per element
-and direction with a one-pass window scan); the gradient is sparse but the dense
-gradient matrix must be written.
+and direction with a one-pass window scan; on the CPU one compare+select+add per element
+and direction); the gradient is sparse but the dense gradient matrix must be written.
 """
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     import pathlib
@@ -41,7 +43,8 @@ def floor_kendall(mode, size, itemsize):
     n, m = size["n"], size["m"]
     pairs = pair_count(n, m)
     passes = 0 if mode == "backward" else 1
-    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs * passes}
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs * passes,
+            "cmp_select_add": pairs * passes}
 
 
 def est_sw(impl, mode, size, itemsize):
@@ -54,7 +57,8 @@ def est_sw(impl, mode, size, itemsize):
 
 def floor_sw(mode, size, itemsize):
     n, m = size["n"], size["m"]
-    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m}
+    scans = 0 if mode == "backward" else 2 * n * m   # one window placement per element and direction
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m, "cmp_select_add": scans}
 
 
 def _native(name):

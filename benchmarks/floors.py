@@ -6,11 +6,16 @@ Measured once per run (``measure_ceilings``):
   AND written (what a streaming kernel can move);
 - ``exp_per_s``: exponentials per second. CUDA: a tiny jiterator kernel (NVRTC, no
   fastrank code) with independent chains of ``__expf``, the same hardware exp the
-  kernels use (ex2.approx on the special-function unit); CPU: the faster of numpy.exp
-  (AVX-512 / AVX2) and torch.exp on a cache-resident array with one thread, times the
-  thread count;
+  kernels use (ex2.approx on the special-function unit); CPU: ``exp_per_s_1core``, the
+  one-core vector exp rate (the faster of torch.exp and numpy.exp over a large float32
+  array, 2^20 elements, with one thread), times the thread count (``threads``);
 - ``fp32_per_s``: fp32 operations (one per lane) per second (CUDA: jiterator FMA chains;
   CPU: half the matmul flop rate, i.e. the FMA lanes at the rate a matmul reaches);
+- ``cmp_select_add_per_s`` (CPU only): compare + select + add per element, the work of
+  one Kendall-like pair: ``cmp_select_add_per_s_1core`` (the faster of torch
+  ``maximum`` + ``add_`` and numpy ``greater`` + ``multiply`` + ``add``, library
+  element-wise kernels over float32 vectors of 2^16 elements (L2-resident), one thread)
+  times ``threads``;
 - ``matmul_flops_per_s``: torch.mm of float32 matrices (TF32 off).
 
 An op's bench file gives its work as counts (``floor_counts``): bytes that must move
@@ -18,16 +23,21 @@ An op's bench file gives its work as counts (``floor_counts``): bytes that must 
 matmul flops. Then
 
     bytes floor = bytes / copy_bytes_per_s
-    work floor  = max(exp / exp_per_s, fp32 / fp32_per_s, mm_flop / matmul_flops_per_s)
+    work floor  = max(exp / exp_per_s, fp32 / fp32_per_s, mm_flop / matmul_flops_per_s,
+                      cmp_select_add / cmp_select_add_per_s)
     floor       = max(bytes floor, work floor);   reported: measured / floor
 
 A unit whose rate was not measured is left out (and said so in ``methods``).
 
-On the CPU the exp rate is a library's (numpy's AVX-512 / AVX2 exp, ~1 ulp), not a
-hardware bound: a kernel with a cheaper polynomial exp, or data that stay in cache (the
-copy bandwidth is measured on buffers larger than the caches), can run below this
-"floor"; measured / floor < 1 says exactly that. On the GPU the exp rate is the
-special-function unit's, a hardware bound.
+On the CPU the exp and compare+select+add rates are a library's (torch's / numpy's
+vectorised element-wise kernels, one pass per library call), not hardware bounds: a
+fused kernel with a cheaper polynomial exp, or one that keeps its values in registers
+between the compare, the select and the add, or data that stay in cache (the copy
+bandwidth is measured on buffers larger than the caches), can run below this "floor";
+measured / floor < 1 says exactly that. The CPU rates are measured on one core and
+scaled by the thread count, so a run with ``--threads 1`` (the per-call case) gets a
+one-core floor. On the GPU the exp rate is the special-function unit's, a hardware
+bound.
 """
 from __future__ import annotations
 
@@ -119,27 +129,65 @@ def _nominal_cuda_rates(device: torch.device) -> dict:
     return {"exp_per_s": 16 * sms * clock_hz, "fp32_per_s": 128 * sms * clock_hz}
 
 
-def _cpu_exp_rate(quick: bool) -> tuple:
-    """The faster of numpy's exp (AVX2 / AVX-512 where the CPU has it) and torch.exp on a
-    cache-resident float32 array, with one thread, times torch's thread count: an upper
-    bound for the threads, and robust on a shared machine, where a multi-threaded
-    fork-join is often disturbed (the fastest of many single calls is kept for the same
-    reason). Returns (rate, which)."""
-    import numpy as np
-
-    x = torch.rand(1 << 16) * -10
-    out = torch.empty_like(x)
-    xn, outn = x.numpy(), out.numpy()
+def _one_thread(fn):
+    """fn() with torch on one thread (restored afterwards)."""
     threads = torch.get_num_threads()
-    reps = 10 if quick else 50
     torch.set_num_threads(1)
     try:
-        t_torch = _best_time(lambda: torch.exp(x, out=out), torch.device("cpu"), repeats=reps)
+        return fn()
     finally:
         torch.set_num_threads(threads)
-    t_numpy = _best_time(lambda: np.exp(xn, out=outn), torch.device("cpu"), repeats=reps)
+
+
+def _cpu_exp_rate_1core(quick: bool) -> tuple:
+    """One core's vector exp rate: the faster of torch.exp (one thread) and numpy.exp
+    (single-threaded; AVX2 / AVX-512 where the CPU has it) over a large float32 array
+    (2^20 elements, 4 MB: past L2, so a call is long enough that its dispatch does not
+    count). The fastest of many calls is kept: robust on a shared machine.
+    Returns (exps per second, which)."""
+    import numpy as np
+
+    x = torch.rand(1 << 20) * -10
+    out = torch.empty_like(x)
+    xn, outn = x.numpy(), out.numpy()
+    reps = 5 if quick else 20
+    cpu = torch.device("cpu")
+    t_torch = _one_thread(lambda: _best_time(lambda: torch.exp(x, out=out), cpu, repeats=reps))
+    t_numpy = _best_time(lambda: np.exp(xn, out=outn), cpu, repeats=reps)
     t, which = min((t_torch, "torch.exp"), (t_numpy, "numpy.exp"))
-    return threads * x.numel() / t, which
+    return x.numel() / t, which
+
+
+def _cpu_cmp_select_add_rate_1core(quick: bool) -> tuple:
+    """One core's rate of a compare + select + add per element (a Kendall-like pair:
+    is the pair active, its hinge, the sum), with library element-wise kernels on one
+    thread over L2-resident float32 vectors (2^16 elements): the faster of
+    torch (``torch.maximum(a, b, out=t)``: compare + select in one kernel, then
+    ``acc.add_(t)``) and numpy (``greater`` into a bool mask, ``multiply`` by the mask
+    as the select, ``add`` into the accumulator). Returns (elements per second, which)."""
+    import numpy as np
+
+    n = 1 << 16
+    a, b = torch.rand(n), torch.rand(n)
+    t, acc = torch.empty(n), torch.zeros(n)
+    mask = np.empty(n, dtype=bool)
+    an, bn, tn, accn = a.numpy(), b.numpy(), t.numpy(), acc.numpy()
+    reps = 10 if quick else 50
+    cpu = torch.device("cpu")
+
+    def torch_step():
+        torch.maximum(a, b, out=t)
+        acc.add_(t)
+
+    def numpy_step():
+        np.greater(an, bn, out=mask)
+        np.multiply(an, mask, out=tn)
+        np.add(accn, tn, out=accn)
+
+    t_torch = _one_thread(lambda: _best_time(torch_step, cpu, repeats=reps))
+    t_numpy = _best_time(numpy_step, cpu, repeats=reps)
+    best, which = min((t_torch, "torch maximum + add_"), (t_numpy, "numpy greater + multiply + add"))
+    return n / best, which
 
 
 def measure_ceilings(device: torch.device, quick: bool = False) -> dict:
@@ -168,15 +216,27 @@ def measure_ceilings(device: torch.device, quick: bool = False) -> dict:
             for k in ("exp_per_s", "fp32_per_s"):
                 ceil["methods"][k] = (f"nominal: SMs x clock ({why})" if k in nominal else f"n/a: {why}")
     else:
-        ceil["exp_per_s"], which = _cpu_exp_rate(quick)
-        ceil["methods"]["exp_per_s"] = f"{which} (the faster of numpy and torch) on a cache-resident array, 1 thread x threads"
+        ceil["threads"] = torch.get_num_threads()
+        ceil["exp_per_s_1core"], which = _cpu_exp_rate_1core(quick)
+        ceil["methods"]["exp_per_s_1core"] = (f"{which} (the faster of torch.exp and numpy.exp), "
+                                              "float32, 2^20 elements, one thread")
+        ceil["cmp_select_add_per_s_1core"], which = _cpu_cmp_select_add_rate_1core(quick)
+        ceil["methods"]["cmp_select_add_per_s_1core"] = (f"{which} (the faster of torch and numpy), "
+                                                         "float32, 2^16 elements, one thread")
         complete_cpu_ceilings(ceil)
     ceil["measure_s"] = time.perf_counter() - t0
     return ceil
 
 
 def complete_cpu_ceilings(ceil: dict) -> dict:
-    """CPU fp32 rate from the matmul rate (also for results saved before it existed)."""
+    """CPU rates for ``threads`` threads from the one-core rates, and the CPU fp32 rate
+    from the matmul rate (also for results saved before these fields existed)."""
+    threads = ceil.get("threads") or 1
+    for unit in ("exp_per_s", "cmp_select_add_per_s"):
+        one = ceil.get(unit + "_1core")
+        if one and not ceil.get(unit):
+            ceil[unit] = one * threads
+            ceil.setdefault("methods", {})[unit] = f"{unit}_1core x {threads} thread(s)"
     if not ceil.get("fp32_per_s") and ceil.get("matmul_flops_per_s"):
         ceil["fp32_per_s"] = ceil["matmul_flops_per_s"] / 2
         ceil.setdefault("methods", {})["fp32_per_s"] = \
@@ -184,7 +244,8 @@ def complete_cpu_ceilings(ceil: dict) -> dict:
     return ceil
 
 
-_UNITS = (("exp", "exp_per_s"), ("fp32", "fp32_per_s"), ("mm_flop", "matmul_flops_per_s"))
+_UNITS = (("exp", "exp_per_s"), ("fp32", "fp32_per_s"), ("mm_flop", "matmul_flops_per_s"),
+          ("cmp_select_add", "cmp_select_add_per_s"))
 
 
 def floor_of(counts: Optional[dict], ceilings: dict) -> Optional[dict]:
@@ -194,8 +255,8 @@ def floor_of(counts: Optional[dict], ceilings: dict) -> Optional[dict]:
     out = {"counts": counts}
     bw = ceilings.get("copy_bytes_per_s")
     out["bytes_s"] = counts.get("bytes", 0) / bw if bw else None
-    work = [counts[c] / ceilings[r] for c, r in _UNITS if counts.get(c) and ceilings.get(r)]
-    out["work_s"] = max(work) if work else None
+    work = [(counts[c] / ceilings[r], c) for c, r in _UNITS if counts.get(c) and ceilings.get(r)]
+    out["work_s"], out["work_unit"] = max(work) if work else (None, None)
     both = [v for v in (out["bytes_s"], out["work_s"]) if v]
     out["floor_s"] = max(both) if both else None
     out["bound"] = None if not both else ("bytes" if out["floor_s"] == out["bytes_s"] else "work")

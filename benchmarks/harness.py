@@ -82,6 +82,7 @@ class Config:
     seed: int = 0
     no_warmup: bool = False            # time the first call (used for the one-off --huge case)
     max_warmup: int = 2                # 1: a single warm-up call (--quick)
+    compile_reserve_s: float = 0.0     # with a deadline: no first torch.compile call when less is left
 
     def mem_budget(self) -> float:
         b = self.mem_fraction * available_bytes(self.device)
@@ -242,6 +243,9 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
             raise Skip(spec.unavailable.get(impl, "not implemented"))
         if cfg.deadline is not None and time.monotonic() > cfg.deadline:
             raise Skip("run time limit reached")
+        if (impl == "compiled" and cfg.deadline is not None and key not in history.last
+                and cfg.deadline - time.monotonic() < cfg.compile_reserve_s):
+            raise Skip(f"run time limit reached (under {cfg.compile_reserve_s:g} s left to compile)")
         guarded = est * history.mem_correction(key)
         budget = cfg.mem_budget()
         rec["memory_estimate_bytes"] = guarded
@@ -343,10 +347,42 @@ def make_impls(spec: OpBench, names) -> Dict[str, Optional[Callable]]:
     return fns
 
 
+ORDERS = ("depth", "breadth")
+
+
+def case_order(prepared, modes, size_key: str, order: str = "depth"):
+    """(spec, fns, mode, size) in the order the cases run.
+
+    depth: modes in priority order (forward+backward first), then ops, then each op's
+      sizes small to large: with a time limit, the last ops are not reached at all.
+    breadth: every op's smallest size (each mode, forward+backward first), then every
+      op's second size, and so on: a time limit cuts the largest sizes, never an op.
+      Each (op, impl, mode) still sees its sizes in increasing order, so the guards'
+      extrapolation from the previous size works the same.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    modes = [m for m in MODES if m in modes]
+    if order == "depth":
+        for mode in modes:
+            for spec, fns in prepared:
+                if mode in spec.modes:
+                    for size in spec.sizes[size_key]:
+                        yield spec, fns, mode, size
+        return
+    rounds = max((len(spec.sizes[size_key]) for spec, _ in prepared), default=0)
+    for i in range(rounds):
+        for mode in modes:
+            for spec, fns in prepared:
+                sizes = spec.sizes[size_key]
+                if mode in spec.modes and i < len(sizes):
+                    yield spec, fns, mode, sizes[i]
+
+
 def bench_ops(specs: List[OpBench], impls, modes, cfg: Config, size_key: str,
-              log=print) -> List[dict]:
-    """All cases: modes in priority order (forward+backward first), then ops, sizes, impls.
-    A compiled implementation whose first call fails is not retried at larger sizes."""
+              log=print, order: str = "depth") -> List[dict]:
+    """All cases, in ``order`` (see case_order). A compiled implementation whose first
+    call fails is not retried at larger sizes."""
     records: List[dict] = []
     history = History()
     prepared = []
@@ -360,19 +396,15 @@ def bench_ops(specs: List[OpBench], impls, modes, cfg: Config, size_key: str,
             fns["compiled"] = None
             spec.unavailable["compiled"] = bad["reference"]
         prepared.append((spec, fns))
-    for mode in [m for m in MODES if m in modes]:
-        for spec, fns in prepared:
-            if mode not in spec.modes:
-                continue
-            for size in spec.sizes[size_key]:
-                for impl, fn in fns.items():
-                    rec = run_case(spec, impl, fn, mode, size, cfg, history)
-                    records.append(rec)
-                    log(_line(rec))
-                    if impl == "compiled" and rec["status"] == "error":
-                        fns[impl] = None
-                        spec.unavailable[impl] = \
-                            "torch.compile failed: " + rec["reason"][:200]
+    for spec, fns, mode, size in case_order(prepared, modes, size_key, order):
+        for impl, fn in fns.items():
+            rec = run_case(spec, impl, fn, mode, size, cfg, history)
+            records.append(rec)
+            log(_line(rec))
+            if impl == "compiled" and rec["status"] == "error":
+                fns[impl] = None
+                spec.unavailable[impl] = \
+                    "torch.compile failed: " + rec["reason"][:200]
     return records
 
 

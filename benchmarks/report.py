@@ -157,8 +157,12 @@ def markdown(payload: dict) -> str:
         parts = []
         if ceil.get("copy_bytes_per_s"):
             parts.append(f"copy {ceil['copy_bytes_per_s'] / 1e9:.3g} GB/s")
+        per_core = (f" ({ceil['threads']} thread(s) x the one-core rate)"
+                    if ceil.get("exp_per_s_1core") else "")
         if ceil.get("exp_per_s"):
-            parts.append(f"exp {ceil['exp_per_s'] / 1e9:.3g} G/s")
+            parts.append(f"exp {ceil['exp_per_s'] / 1e9:.3g} G/s" + per_core)
+        if ceil.get("cmp_select_add_per_s"):
+            parts.append(f"compare+select+add {ceil['cmp_select_add_per_s'] / 1e9:.3g} G/s" + per_core)
         if ceil.get("fp32_per_s"):
             parts.append(f"fp32 {ceil['fp32_per_s'] / 1e12:.3g} T/s")
         if ceil.get("matmul_flops_per_s"):

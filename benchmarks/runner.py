@@ -5,6 +5,8 @@
     python -m benchmarks --ops smooth_ndcg,kendall_sw --modes forward+backward
     python -m benchmarks --device cuda --out results/gpu --huge
     python benchmarks/bench_smooth_ndcg.py    # one op (its own defaults), same flags
+    python -m benchmarks --case percall       # one call's cost at N = 4 .. 512 (bench_percall.py)
+    python -m benchmarks --order breadth      # every op's small sizes before any large one
 
 Results: ``<out>/<device>-<date>[-<op>].json``, ``.md`` and ``-<op>.png`` (report.py).
 """
@@ -22,7 +24,7 @@ from typing import List, Optional
 import torch
 
 from .floors import annotate, complete_cpu_ceilings, measure_ceilings
-from .harness import MODES, Config, bench_ops
+from .harness import MODES, ORDERS, Config, bench_ops
 from .memory import PeakMemory
 from . import report
 
@@ -57,16 +59,26 @@ def _csv(s: str) -> List[str]:
 
 def build_parser(default_ops, default_modes, description, name_suffix="") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=None if name_suffix else "python -m benchmarks", description=description)
+    p.add_argument("--case", default="sweep", choices=("sweep", "percall"),
+                   help="sweep: every op over its sizes (default); percall: the cost of one "
+                        "forward+backward call at N = 4 .. 512 against trivial autograd, the eager "
+                        "and compiled reference and (CUDA) a CUDA graph (benchmarks/bench_percall.py; "
+                        "CPU: one thread unless --threads)")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and few repeats (about a minute; torch.compile not run)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
     p.add_argument("--name", default=None, help="file name prefix (default <device>-<date>[-<op>])")
-    p.add_argument("--ops", type=_csv, default=list(default_ops),
-                   help=f"comma-separated, from: {', '.join(OPS)} (default: {','.join(default_ops)})")
+    p.add_argument("--ops", type=_csv, default=None,
+                   help=f"comma-separated, from: {', '.join(OPS)} (default: {','.join(default_ops)}; "
+                        "--case percall: smooth_ndcg, kendall, kendall_sw, fast_rerank)")
     p.add_argument("--modes", type=_csv, default=list(default_modes),
                    help=f"comma-separated, from: {', '.join(MODES)}")
-    p.add_argument("--impls", type=_csv, default=list(IMPLS),
-                   help=f"comma-separated, from: {', '.join(IMPLS)} (each op has some of them)")
+    p.add_argument("--impls", type=_csv, default=None,
+                   help=f"comma-separated, from: {', '.join(IMPLS)} (each op has some of them; "
+                        "--case percall: native, reference, compiled, trivial, cuda_graph)")
+    p.add_argument("--order", default="depth", choices=ORDERS,
+                   help="depth: mode, op, then its sizes (default); breadth: every op's smallest size, "
+                        "then every op's next size, ...: a --time-limit cuts large sizes, not ops")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto (cuda when available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     p.add_argument("--huge", action="store_true",
@@ -84,6 +96,12 @@ def build_parser(default_ops, default_modes, description, name_suffix="") -> arg
     p.add_argument("--max-n", type=int, default=None, help="only the sizes with N <= this")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch and for fastrank's OpenMP kernels (default: as configured)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="--case percall: samples per case (default 25; --quick 5)")
+    p.add_argument("--sample-time", type=float, default=None,
+                   help="--case percall: seconds per sample of k back-to-back calls (default 0.02)")
+    p.add_argument("--case-time", type=float, default=None,
+                   help="--case percall: stop sampling a case after this many seconds (default 5)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--rerender", type=Path, default=None, metavar="RESULTS.json",
                    help="no benchmark: recompute the floors and speedups of a saved run and "
@@ -109,6 +127,7 @@ def make_config(args, device: torch.device) -> Config:
         cfg.mem_budget_bytes = args.mem_budget_gb * (1 << 30)
     if args.time_limit:
         cfg.deadline = time.monotonic() + args.time_limit
+        cfg.compile_reserve_s = min(30.0, 0.1 * args.time_limit)  # no first compilation in the last seconds
     return cfg
 
 
@@ -119,16 +138,23 @@ def main(argv: Optional[List[str]] = None, default_ops=tuple(OPS), default_modes
     faulthandler.enable()  # a crash in a kernel prints the Python stack of the case
     if args.rerender:
         return rerender(args.rerender, plots=not args.no_plots)
-    if args.threads:
-        # before fastrank's native module (its own OpenMP runtime) is loaded
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
-        torch.set_num_threads(args.threads)
     dev = args.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(dev)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but torch sees no CUDA device")
+    if args.case == "percall" and device.type == "cpu" and args.threads is None:
+        args.threads = 1      # the per-call case measures one core
+    if args.threads:
+        # before fastrank's native module (its own OpenMP runtime) is loaded
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+    if args.case == "percall":
+        from . import bench_percall
+        return bench_percall.run(args, device)
+    args.ops = args.ops or list(default_ops)
+    args.impls = args.impls or list(IMPLS)
     for m in args.modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
@@ -153,7 +179,8 @@ def main(argv: Optional[List[str]] = None, default_ops=tuple(OPS), default_modes
         print(f"ceilings: {ceilings}", flush=True)
 
     gc.freeze()  # torch's many long-lived objects out of the collector's way: gc.collect is cheap
-    records = bench_ops(specs, impls, args.modes, cfg, size_key, log=lambda s: print(s, flush=True))
+    records = bench_ops(specs, impls, args.modes, cfg, size_key, log=lambda s: print(s, flush=True),
+                        order=args.order)
     if args.huge:
         huge_cfg = make_config(args, device)
         huge_cfg.min_repeats = huge_cfg.max_repeats = 1
@@ -180,7 +207,8 @@ def main(argv: Optional[List[str]] = None, default_ops=tuple(OPS), default_modes
                    "min_repeats": cfg.min_repeats, "max_repeats": cfg.max_repeats,
                    "repeat_budget_s": cfg.repeat_budget_s, "case_limit_s": cfg.case_limit_s,
                    "mem_fraction": cfg.mem_fraction, "mem_budget_bytes": cfg.mem_budget_bytes,
-                   "time_limit_s": args.time_limit, "seed": cfg.seed, "threads": args.threads},
+                   "time_limit_s": args.time_limit, "seed": cfg.seed, "threads": args.threads,
+                   "order": args.order},
         "ceilings": ceilings,
         "memory_method": PeakMemory(device).method,
         "x_names": {s.name: s.x_name for s in specs},
