@@ -293,7 +293,7 @@ def run_one(op: PerCallOp, impl: str, size: dict, cfg: PerCallConfig, compiled: 
         if cfg.deadline is not None and now > cfg.deadline:
             raise _Skip("run time limit reached")
         if impl == "compiled" and cfg.deadline is not None and cfg.deadline - now < compiled.longest_compile_s:
-            raise _Skip(f"run time limit reached (a compilation took {compiled.longest_compile_s:.0f} s)")
+            raise _Skip(f"run time limit reached (under {compiled.longest_compile_s:.0f} s left for a compilation)")
         if impl in ("reference", "compiled"):
             itemsize = torch.empty((), dtype=cfg.dtype).element_size()
             need = op.est_bytes(impl, "forward+backward", size, itemsize)
@@ -398,6 +398,8 @@ def run(args, device: torch.device) -> int:
         cfg.deadline = time.monotonic() + args.time_limit
     ops = [PERCALL_OPS[n] for n in names]
     compiled = _Compiled()
+    if args.time_limit:   # before the first compilation is measured: a guess, so that none starts at the end
+        compiled.longest_compile_s = min(30.0, 0.2 * args.time_limit)
     skipped_compile = args.quick and "compiled" in columns
     cases = plan(ops, [c for c in columns if not (skipped_compile and c == "compiled")], args.quick, args.max_n)
 
@@ -417,12 +419,16 @@ def run(args, device: torch.device) -> int:
         print(f"warning: fastrank's OpenMP runs {threads['fastrank_openmp']} threads, not {args.threads} "
               "(its module was loaded before OMP_NUM_THREADS was set)", flush=True)
 
-    gc.freeze()
-    records = []
-    for op, impl, size in cases:
-        rec = run_one(op, impl, size, cfg, compiled)
-        records.append(rec)
-        print(_line(rec), flush=True)
+    prefix = args.name or "percall-" + report.default_prefix(device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    jp, mp = args.out / f"{prefix}.json", args.out / f"{prefix}.md"
+    config = {"command": report.command_line(), "quick": args.quick, "ops": names, "columns": columns,
+              "dtype": args.dtype, "threads": threads, "thread_line": thread_line,
+              "sample_s": cfg.sample_s, "samples": cfg.samples, "min_samples": cfg.min_samples,
+              "case_s": cfg.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n,
+              "direction": "both", "reduction": "mean",
+              "compile": "torch.compile(reference call, fullgraph=True, dynamic=False), default mode"}
+    records: List[dict] = []
     if skipped_compile:
         for op in ops:
             for size in op.quick_sizes:
@@ -432,33 +438,29 @@ def run(args, device: torch.device) -> int:
                                     "device": str(device), "dtype": args.dtype, "status": "skipped",
                                     "reason": "not run in --quick (torch.compile takes about a minute)",
                                     "note": None, "time": None, "first_call_s": None})
-    records = _order(records)
-    _ratios(records)
-    payload = {
-        "schema": report.SCHEMA,
-        "case": "percall",
-        "created": report.created_now(),
-        "device": str(device),
-        "machine": machine,
-        "config": {"command": report.command_line(), "quick": args.quick, "ops": names, "columns": columns,
-                   "dtype": args.dtype, "threads": threads, "thread_line": thread_line,
-                   "sample_s": cfg.sample_s, "samples": cfg.samples, "min_samples": cfg.min_samples,
-                   "case_s": cfg.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n,
-                   "direction": "both", "reduction": "mean",
-                   "compile": "torch.compile(reference call, fullgraph=True, dynamic=False), default mode"},
-        "compile_fullgraph_failures": compiled.fullgraph_failed,
-        "results": records,
-        "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "elapsed_s": time.monotonic() - t0,
-    }
-    prefix = args.name or "percall-" + report.default_prefix(device)
-    args.out.mkdir(parents=True, exist_ok=True)
-    jp, mp = args.out / f"{prefix}.json", args.out / f"{prefix}.md"
-    report.write_json(jp, payload)
-    md = markdown(payload)
-    mp.write_text(md)
+
+    def write(done: bool) -> dict:
+        """The results so far (rewritten after every case: a run cut by a timeout keeps them)."""
+        recs = _order(records)
+        _ratios(recs)
+        payload = {"schema": report.SCHEMA, "case": "percall", "created": report.created_now(),
+                   "device": str(device), "machine": machine, "config": config, "complete": done,
+                   "compile_fullgraph_failures": compiled.fullgraph_failed, "results": recs,
+                   "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+                   "elapsed_s": time.monotonic() - t0}
+        report.write_json(jp, payload)
+        mp.write_text(markdown(payload))
+        return payload
+
+    gc.freeze()
+    for op, impl, size in cases:
+        rec = run_one(op, impl, size, cfg, compiled)
+        records.append(rec)
+        print(_line(rec), flush=True)
+        write(done=False)
+    payload = write(done=True)
     print()
-    print(md)
+    print(markdown(payload))
     print(f"wrote: {jp}, {mp}")
     return 0
 
@@ -511,6 +513,8 @@ def markdown(payload: dict) -> str:
              f"- machine: {hw}; {m['cpu_count']} CPU cores, torch {m['torch']}, fastrank {m['fastrank_version']}"
              + (f" @ {m['git_commit']}" if m.get("git_commit") else ""),
              f"- {cfg['thread_line']}"]
+    if not payload.get("complete", True):
+        lines.append("- PARTIAL: written while the run was going on (it was cut or is still running)")
     la0, la1 = m.get("loadavg_start"), payload.get("loadavg_end")
     if la0:
         lines.append(f"- load average (1, 5, 15 min) at start {la0[0]:.2f}, {la0[1]:.2f}, {la0[2]:.2f}"

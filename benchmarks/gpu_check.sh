@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# One command for a CUDA machine (no package registry needed), under 10 minutes on an H100:
-#   1. build and install fastrank with its CUDA kernels (pip install --no-build-isolation .,
-#      sm_90 only unless FASTRANK_CUDA_ARCHS says otherwise);
-#   2. python -m fastrank info;
-#   3. the CUDA tests (pytest -k cuda);
-#   4. the whole benchmark on the GPU (python -m benchmarks --device cuda --huge), time-limited
-#      so that the script ends before GPU_CHECK_BUDGET_S (default 570 s) have passed.
+# One command for a CUDA machine (no package registry needed), under 9 minutes on an H100:
+#   1. the machine and the tools (preflight);
+#   2. build and install fastrank with its CUDA kernels (pip install --no-build-isolation .,
+#      sm_90 only unless FASTRANK_CUDA_ARCHS says otherwise), at most GPU_CHECK_BUILD_S (300) s;
+#   3. python -m fastrank info;
+#   4. the CUDA tests first (pytest -k cuda), at most GPU_CHECK_TESTS_S (default 180) s;
+#   5. the per-call case (python -m benchmarks --case percall --device cuda: one forward+backward
+#      call at N = 4 .. 512, native / trivial / reference / CUDA graph, then torch.compile with
+#      the time left), at most GPU_CHECK_PERCALL_S (default 100) s;
+#   6. the slate case, only if benchmarks/bench_slate.py exists (written elsewhere; called with
+#      --device cuda --out DIR, and --time-limit S when its --help lists it), at most
+#      GPU_CHECK_SLATE_S (default 60) s;
+#   7. the size sweep on the GPU (python -m benchmarks --device cuda --order breadth --huge):
+#      breadth-first, every op at its small sizes, then medium, then large, so that the time
+#      limit cuts the largest sizes and never a whole op; with the time that is left.
+# Every step is time-limited so that the script ends before GPU_CHECK_BUDGET_S (default 540 s
+# = 9 min) have passed; a step that is cut still leaves what it wrote.
 # Everything (logs, results JSON, markdown, PNG plots) goes under one folder:
 #   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/results/gpu-<date>)
 # Needs: python with a CUDA build of torch, nvcc, cmake, ninja (optional), setuptools, pybind11.
 # Exit status: 0 when every step passed; otherwise the number of the first failed step
-# (1 preflight, 2 build, 3 info, 4 CUDA tests, 5 benchmarks); after a failure from step 2 on,
-# later steps still run where they can, so the folder holds as much as possible.
+# (the step numbers above); after a failure from step 2 on, later steps still run where they can, so the folder holds as much
+# as possible.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/benchmarks/results/gpu-$(date +%Y-%m-%d)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-BUDGET="${GPU_CHECK_BUDGET_S:-570}"
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+TESTS_S="${GPU_CHECK_TESTS_S:-180}"
+PERCALL_S="${GPU_CHECK_PERCALL_S:-100}"
+SLATE_S="${GPU_CHECK_SLATE_S:-60}"
 PY="${PYTHON:-python}"
 START=$SECONDS
 FAILED=0
@@ -26,6 +39,8 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 
 step() { echo; echo "=== [$((SECONDS - START)) s] $*"; }
 fail() { echo "!!! step $1 failed: $2"; [ "$FAILED" -eq 0 ] && FAILED=$1; }
+left() { echo $(( BUDGET - (SECONDS - START) )); }          # seconds left of the budget
+clamp() { local v=$1; [ "$v" -gt "$2" ] && v=$2; [ "$v" -lt "$3" ] && v=$3; echo "$v"; }  # clamp V MAX MIN
 
 step "1. machine and tools"
 date -u
@@ -53,7 +68,7 @@ done
   cd "$ROOT" &&
   FASTRANK_CUDA=1 FASTRANK_CUDA_ARCHS="${FASTRANK_CUDA_ARCHS:-90}" \
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-  "$PY" -m pip install --no-build-isolation --no-deps --no-index -v . > "$OUT/build.log" 2>&1
+  timeout "${GPU_CHECK_BUILD_S:-300}" "$PY" -m pip install --no-build-isolation --no-deps --no-index -v . > "$OUT/build.log" 2>&1
 ) || { tail -40 "$OUT/build.log"; fail 2 "pip install (see build.log)"; }
 tail -3 "$OUT/build.log"
 
@@ -66,19 +81,43 @@ step "3. fastrank info"
 "$PY" -c "import fastrank, sys; b = fastrank.backends(); print(fastrank.__file__); sys.exit(0 if b['cuda_available'] else 1)" \
   || fail 3 "fastrank does not see a CUDA device (cuda_available False)"
 
-step "4. CUDA tests"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests" -k cuda -rs \
+step "4. CUDA tests (first)"
+T=$(clamp $(( $(left) - 150 )) "$TESTS_S" 30)
+echo "time limit: $T s"
+timeout "$T" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests" -k cuda -rs \
   --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 4 "CUDA tests (see cuda-tests.log)"
+RC=${PIPESTATUS[0]}
+[ "$RC" -eq 124 ] && echo "!!! CUDA tests cut after $T s"
+[ "$RC" -eq 0 ] || fail 4 "CUDA tests (see cuda-tests.log)"
 
-step "5. benchmarks"
-LEFT=$(( BUDGET - (SECONDS - START) - 60 ))   # 60 s for the --huge case, plots and files
-[ "$LEFT" -lt 60 ] && LEFT=60
+step "5. per-call case (issue 11)"
+P=$(clamp $(( ($(left) - 60) / 3 )) "$PERCALL_S" 20)
+echo "time limit: $P s (+30 s for a compilation in flight)"
+timeout $(( P + 30 )) "$PY" "$ROOT/benchmarks" --case percall --device cuda --out "$OUT" --time-limit "$P" \
+  --samples 15 2>&1 | tee "$OUT/percall.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "per-call case (see percall.log)"
+
+if [ -f "$ROOT/benchmarks/bench_slate.py" ]; then
+  step "6. slate case (benchmarks/bench_slate.py)"
+  S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
+  EXTRA=()
+  "$PY" "$ROOT/benchmarks/bench_slate.py" --help 2>/dev/null | grep -q -- "--time-limit" && EXTRA=(--time-limit "$S")
+  echo "time limit: $S s (+20 s)"
+  timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks/bench_slate.py" --device cuda --out "$OUT" ${EXTRA[@]+"${EXTRA[@]}"} \
+    2>&1 | tee "$OUT/slate.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail 6 "slate case (see slate.log)"
+else
+  step "6. slate case: benchmarks/bench_slate.py not present, skipped"
+fi
+
+step "7. size sweep (breadth-first)"
+LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
+[ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep time limit: $LEFT s"
-timeout $(( LEFT + 150 )) "$PY" "$ROOT/benchmarks" --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
-  2>&1 | tee "$OUT/benchmarks.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "benchmarks (see benchmarks.log)"
+timeout $(( LEFT + 55 )) "$PY" "$ROOT/benchmarks" --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
+  --order breadth 2>&1 | tee "$OUT/benchmarks.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 7 "size sweep (see benchmarks.log)"
 
-step "done in $((SECONDS - START)) s; files in $OUT"
+step "done in $((SECONDS - START)) s (budget $BUDGET s); files in $OUT"
 ls -la "$OUT"
 exit "$FAILED"

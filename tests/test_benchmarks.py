@@ -49,6 +49,10 @@ def test_quick_run_json_fields(quick_run):
     assert data["device"] == "cpu" and data["config"]["quick"] is True
     assert {"cpu_model", "cpu_count", "torch", "fastrank_backends"} <= set(data["machine"])
     assert data["ceilings"]["copy_bytes_per_s"] > 0 and data["ceilings"]["exp_per_s"] > 0
+    ceil = data["ceilings"]   # CPU: one-core rates (issue 12), scaled by the thread count
+    assert ceil["exp_per_s_1core"] > 0 and ceil["cmp_select_add_per_s_1core"] > 0
+    assert ceil["exp_per_s"] == pytest.approx(ceil["exp_per_s_1core"] * ceil["threads"])
+    assert ceil["cmp_select_add_per_s"] == pytest.approx(ceil["cmp_select_add_per_s_1core"] * ceil["threads"])
     recs = data["results"]
     assert {r["op"] for r in recs} == OPS
     assert {r["mode"] for r in recs} == {"forward", "backward", "forward+backward"}
@@ -80,3 +84,84 @@ def test_quick_run_measures_smooth_ndcg_and_skips_a_reference_that_does_not_fit(
         assert native["floor"]["floor_s"] > 0 and native["floor"]["measured_over_floor"] > 0
     else:
         assert native["reason"].startswith("native kernels unavailable"), native
+    kendall = [r for r in recs if r["op"] == "kendall" and r["impl"] == "native" and r["status"] == "ok"
+               and r["mode"] == "forward+backward"]
+    for r in kendall:   # the CPU floor of a Kendall pair: one compare+select+add per pair and pass
+        n = r["size"]["n"]
+        assert r["floor"]["counts"]["cmp_select_add"] == n * n * (n - 1)
+        assert r["floor"]["work_unit"] in ("cmp_select_add", "fp32")
+
+
+# ---------------------------------------------------------------- the per-call case (issue 11)
+
+PERCALL_OPS = {"smooth_ndcg", "kendall", "kendall_sw", "fast_rerank"}
+
+
+@pytest.fixture(scope="module")
+def percall_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("percall")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks"), "--case", "percall", "--quick",
+                           "--device", "cpu", "--out", str(out), "--name", "pc"],
+                          cwd=out, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_percall_quick_writes_json_and_markdown(percall_run):
+    out, proc = percall_run
+    md = (out / "pc.md").read_text()
+    assert "| op | size | native | reference | compiled | trivial |" in md
+    assert "native / trivial" in md and "reference / native" in md
+    assert "CPU threads: torch 1" in md and "single-threaded" in md
+    assert "wrote:" in proc.stdout
+
+
+def test_percall_quick_records(percall_run):
+    out, _ = percall_run
+    data = json.loads((out / "pc.json").read_text())
+    assert data["case"] == "percall" and data["device"] == "cpu" and data["config"]["quick"] is True
+    assert data["config"]["threads"]["torch"] == 1
+    if data["machine"]["fastrank_backends"].get("cpu"):
+        assert data["config"]["threads"]["fastrank_openmp"] == 1
+    recs = data["results"]
+    assert {r["op"] for r in recs} == PERCALL_OPS
+    assert {r["impl"] for r in recs} == {"native", "reference", "compiled", "trivial"}  # no CUDA graph on CPU
+    by = {(r["op"], r["size_label"], r["impl"]): r for r in recs}
+    assert ("smooth_ndcg", "4 x 4", "trivial") in by and ("fast_rerank", "100 x 500", "native") in by
+    for r in recs:
+        assert r["mode"] == "forward+backward" and r["dtype"] == "float32"
+        if r["impl"] == "compiled":
+            assert r["status"] == "skipped" and "--quick" in r["reason"], r
+            continue
+        if r["impl"] == "native" and r["status"] != "ok":   # a source tree without the built module
+            assert r["reason"].startswith("native kernels unavailable"), r
+            continue
+        assert r["status"] == "ok", (r["op"], r["impl"], r["reason"], r.get("traceback"))
+        t = r["time"]
+        assert 0 < t["min_s"] <= t["p25_s"] <= t["median_s"] <= t["p75_s"] <= t["max_s"]
+        assert t["repeats"] >= 3 and t["calls_per_sample"] >= 1 and r["first_call_s"] > 0
+    for r in recs:
+        if r["impl"] == "native" and r["status"] == "ok":
+            ratios = r["ratios"]
+            assert ratios["native_over_trivial"] > 0 and ratios["reference_over_native"] > 0
+            assert ratios["compiled_over_native"] is None          # compiled not run in --quick
+            trivial = by[(r["op"], r["size_label"], "trivial")]["time"]["median_s"]
+            assert ratios["native_over_trivial"] == pytest.approx(r["time"]["median_s"] / trivial)
+
+
+def test_breadth_order_covers_every_op_before_large_sizes():
+    from benchmarks.harness import OpBench, case_order
+
+    def spec(name, ns):
+        return OpBench(name=name, impls={}, sizes={"cpu": [{"n": n, "m": n} for n in ns]},
+                       make_inputs=None, work=None, est_bytes=None, modes=("forward+backward", "forward"))
+    prepared = [(spec("a", (1, 2, 3)), {}), (spec("b", (10, 20)), {})]
+    modes = ["forward", "forward+backward"]
+    breadth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, "cpu", "breadth")]
+    assert breadth == [("a", "forward+backward", 1), ("b", "forward+backward", 10), ("a", "forward", 1),
+                       ("b", "forward", 10), ("a", "forward+backward", 2), ("b", "forward+backward", 20),
+                       ("a", "forward", 2), ("b", "forward", 20), ("a", "forward+backward", 3),
+                       ("a", "forward", 3)]
+    depth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, "cpu", "depth")]
+    assert depth[:3] == [("a", "forward+backward", 1), ("a", "forward+backward", 2), ("a", "forward+backward", 3)]
+    assert sorted(depth) == sorted(breadth)
