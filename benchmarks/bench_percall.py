@@ -24,9 +24,10 @@ kendall_sw_loss at N = M = 4, 8, 128, 512, and fast_rerank at 100 x 500 and 1000
   stream, grads set to None, capture, then ``graph.replay()`` is what is timed).
 
 Timing (timeit style): a first call (recorded as ``first_call_s``; for ``compiled`` it
-includes the compilation), then the number of calls k per sample is doubled until one
-sample of k calls takes ``--sample-time`` seconds; then up to ``--samples`` samples of k
-calls (at least 3, stopping after ``--case-time`` seconds); per-call time = sample / k;
+includes the compilation), then the number of calls k per sample is grown (at least
+doubled each time) until one sample of k calls takes ``--sample-time`` seconds; then up
+to ``--samples`` samples of k calls (at least 3, stopping after ``--case-time`` seconds);
+per-call time = sample / k;
 reported: median over the samples, quartiles, min, max. The garbage collector is off
 while timing. CPU: ``perf_counter``; CUDA: events around each sample (so host-bound and
 device-bound calls are both measured as the user sees them).
@@ -173,8 +174,8 @@ def _batch_seconds(step: Callable[[], None], k: int, device: torch.device) -> fl
 
 
 def measure(step: Callable[[], None], cfg: PerCallConfig) -> dict:
-    """First call, autorange (k = 1, 2, 4, ... until a sample takes cfg.sample_s), then
-    samples of k calls; per-call statistics over the samples."""
+    """First call, autorange (k at least doubled until a batch of k calls takes
+    cfg.sample_s), then samples of k calls; per-call statistics over the samples."""
     t0 = time.perf_counter()
     step()
     _sync(cfg.device)
@@ -384,6 +385,8 @@ def run(args, device: torch.device) -> int:
         raise SystemExit(f"--case percall: unknown column(s) {bad}; choose from {', '.join(COLUMNS)}")
     if device.type != "cuda":
         columns = [c for c in columns if c != "cuda_graph"]
+    else:
+        torch.cuda.set_device(device)   # events, streams and graphs on this device
     cfg = PerCallConfig(device=device, dtype=getattr(torch, args.dtype))
     if args.quick:
         cfg.sample_s, cfg.samples, cfg.case_s = 0.002, 5, 0.2

@@ -122,6 +122,9 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.3g} us"
 
 
+_UNIT_NAMES = {"exp": "exp", "fp32": "fp32", "mm_flop": "matmul", "cmp_select_add": "cmp+sel+add"}
+
+
 def _cell(r: dict) -> str:
     if r is None:
         return ""
@@ -205,6 +208,8 @@ def markdown(payload: dict) -> str:
                     if fl:
                         b = _fmt_time(fl["bytes_s"]) if fl.get("bytes_s") else "n/a"
                         w = _fmt_time(fl["work_s"]) if fl.get("work_s") else "n/a"
+                        if fl.get("work_unit"):
+                            w += f" ({_UNIT_NAMES.get(fl['work_unit'], fl['work_unit'])})"
                         row += [f"{b} / {w}", f"{fl['measured_over_floor']:.3g}x"
                                 if fl.get("measured_over_floor") else ""]
                     else:
