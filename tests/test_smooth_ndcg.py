@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.smooth_ndcg import smooth_ndcg_bwd, smooth_ndcg_fwd
-from fastrank.reference.ndcg_terms import idcg as ideal_dcg
+from fastrank.ops.smooth_ndcg import smooth_ndcg_backward_op, smooth_ndcg_op
 from fastrank.reference.smooth_ndcg import smooth_ndcg_per_query
 
 NATIVE_CPU = fastrank.backends()["cpu"]
@@ -167,17 +166,18 @@ def test_half_inputs_cpu(dtype):
 
 
 @needs_native
-def test_opcheck():
+@pytest.mark.parametrize("direction,reduction", [(3, 1), (1, 0), (2, 2), (3, 0)])
+def test_opcheck(direction, reduction):
     sim, rel = rand_case(6, 5, seed=9)
-    rel_acc = rel.clone()
-    idcg = ideal_dcg(rel_acc)
     sim.requires_grad_(True)
-    torch.library.opcheck(smooth_ndcg_fwd, (sim, rel_acc, idcg, 0.1))
-    loss, pi = smooth_ndcg_fwd(sim.detach(), rel_acc, idcg, 0.1)
-    torch.library.opcheck(smooth_ndcg_bwd, (torch.rand(6, dtype=torch.float64), sim.detach(), rel_acc,
-                                            idcg, pi, 0.1))
-    # transposed (t2i) view as input
-    torch.library.opcheck(smooth_ndcg_fwd, (sim.detach().t(), rel_acc.t(), ideal_dcg(rel_acc.t()), 0.1))
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, None, 0.1, direction, reduction))
+    loss, ws = smooth_ndcg_op(sim.detach(), rel, None, 0.1, direction, reduction)
+    g = torch.rand(loss.shape, dtype=torch.float64)
+    torch.library.opcheck(smooth_ndcg_backward_op, (g, sim.detach(), None, ws, 0.1, direction, reduction))
+    # transposed view as input, and a mask
+    mask = torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.7
+    torch.library.opcheck(smooth_ndcg_op, (sim.detach().t(), rel.t(), mask.t(), 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, mask, 0.1, direction, reduction))
 
 
 @needs_native
