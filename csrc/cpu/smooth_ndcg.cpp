@@ -144,7 +144,7 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
   std::fill(s + nv, s + padded(nv), T(0));
   smooth_ranks(s, nv, inv_tau, p);
   // Eq. 17: DCG = sum_j g_j / log2(1 + pi_j); a_j = g_j * d/dpi [1 / log2(1 + pi)](pi_j).
-  // z = 0 * (s_j + r_j) carries a non-finite input into the loss and the gradient.
+  // z = poison(s_j + r_j) carries a non-finite input into the loss and the gradient.
   constexpr T kLn2 = T(0.69314718055994530942);
   T dcg = 0;
   bool nan_gain = false;

@@ -20,7 +20,7 @@
 // Workspace `ws` (accumulation type A: float, double for float64), smooth_ndcg_ws_numel:
 //   [a_i2t (n*m) if i2t][a_t2i (n*m) if t2i][idcg (Q)][qloss (Q)][count_i2t, count_t2i]
 // a_d[i * m + j] = g * d/dpi [1 / log2(1 + pi)] at pi of (i, j) in direction d (0 if
-// masked), plus 0 * (s + r) so that a non-finite input poisons the gradient. The
+// masked), plus poison(s + r) = (s + r) - (s + r) so that a non-finite input poisons the gradient. The
 // backward needs only sim, mask and ws:
 //   d loss_q / d s_m = -(1 / (tau * IDCG_q)) sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m)
 // scaled by grad_out (strided by `gs`; reduction none: one per query, else grad_out[0]
