@@ -28,15 +28,28 @@ namespace cpu {
 namespace {
 
 // The pair loops run over whole vectors: rows are padded to a multiple of kLanes with
-// finite zeros, each inner loop starts at the vector boundary below k = j + 1, and a
-// 0/1 factor drops the pairs with k <= j or k >= n. Without this, the scalar remainder
-// of the triangular loop dominates at n ~ 100 (2-3x slower at 128).
+// finite zeros and each inner loop starts at the vector boundary below k = j + 1. Only
+// the first vector (pairs with k <= j) and the last (k >= n) need a 0/1 factor; the
+// vectors between run unmasked. Without this, the scalar remainder of the triangular
+// loop dominates at n ~ 100 (2-3x slower at 128), and a mask on every vector costs
+// integer compares of the index in every lane.
 constexpr int64_t kLanes = 16;
 constexpr int64_t kParallelWork = int64_t(1) << 18;  // below: one thread (no fork/join)
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 inline int64_t aligned_start(int64_t k) { return k / kLanes * kLanes; }
-template <typename T> inline T pair_mask(int64_t k, int64_t j, int64_t n) {
-  return static_cast<T>((k > j) & (k < n));
+
+// The three ranges of the inner loop over k for row j of n items (see above):
+// head [k0, k1) masked (k > j, k < n), bulk [k1, k2) unmasked, tail [k2, pad) masked (k < n).
+struct Ranges {
+  int64_t k0, k1, k2, pad;
+};
+inline Ranges ranges_of(int64_t j, int64_t n) {
+  Ranges r;
+  r.pad = padded(n);
+  r.k0 = aligned_start(j + 1);
+  r.k1 = std::min(r.k0 + kLanes, r.pad);
+  r.k2 = std::max(r.k1, aligned_start(n));
+  return r;
 }
 
 // One direction's (queries, candidates) view of the (n, m) inputs: i2t = rows, t2i =
@@ -82,42 +95,68 @@ int64_t gather_valid(const T* x, int64_t xc, const T* y, int64_t yc, const uint8
   return nv;
 }
 
-// Eq. 16: p_j = 1 + sum_{k != j} sigma((s_k - s_j) / tau) over the nv items of s
-// (s padded with finite values up to padded(nv)); pairs (j, k > j) once.
+// Eq. 16 over k in [lo, hi): returns sum_k sigma((s_k - s_j) / tau) (-> p_j) and adds
+// sigma((s_j - s_k) / tau) to p_k: one exp per pair. kMasked: only pairs with j < k < n.
+template <bool kMasked, typename T>
+inline T rank_pairs(const T* __restrict s, T sj, T inv_tau, T* __restrict p, int64_t lo, int64_t hi,
+                    int64_t j, int64_t n) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t k = lo; k < hi; ++k) {
+    const T x = (s[k] - sj) * inv_tau;
+    if constexpr (kMasked) {
+      const T keep = static_cast<T>((k > j) & (k < n));
+      acc += keep * logistic_pos(x);
+      p[k] += keep * logistic_neg(x);
+    } else {
+      acc += logistic_pos(x);
+      p[k] += logistic_neg(x);
+    }
+  }
+  return acc;
+}
+
+// p_j = 1 + sum_{k != j} sigma((s_k - s_j) / tau) over the nv items of s (s padded with
+// finite values up to padded(nv)); pairs (j, k > j) once.
 template <typename T>
 void smooth_ranks(const T* __restrict s, int64_t nv, T inv_tau, T* __restrict p) {
-  const int64_t n_pad = padded(nv);
-  std::fill(p, p + n_pad, T(1));
+  std::fill(p, p + padded(nv), T(1));
   for (int64_t j = 0; j < nv; ++j) {
+    const Ranges r = ranges_of(j, nv);
     const T sj = s[j];
-    T acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t k = aligned_start(j + 1); k < n_pad; ++k) {
-      const T keep = pair_mask<T>(k, j, nv);
-      const T x = (s[k] - sj) * inv_tau;
-      acc += keep * logistic_pos(x);   // sigma((s_k - s_j) / tau) -> p_j
-      p[k] += keep * logistic_neg(x);  // sigma((s_j - s_k) / tau) -> p_k
-    }
-    p[j] += acc;
+    p[j] += rank_pairs<true>(s, sj, inv_tau, p, r.k0, r.k1, j, nv) +
+            rank_pairs<false>(s, sj, inv_tau, p, r.k1, r.k2, j, nv) +
+            rank_pairs<true>(s, sj, inv_tau, p, r.k2, r.pad, j, nv);
   }
+}
+
+// Over k in [lo, hi): t = sigma'((s_k - s_m) / tau) (a_k - a_m); returns sum_k t (-> g_m)
+// and subtracts t from g_k. kMasked: only pairs with m < k < n.
+template <bool kMasked, typename T>
+inline T grad_pairs(const T* __restrict s, const T* __restrict a, T sm, T am, T inv_tau, T* __restrict g,
+                    int64_t lo, int64_t hi, int64_t m, int64_t n) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t k = lo; k < hi; ++k) {
+    T t = logistic_deriv((s[k] - sm) * inv_tau) * (a[k] - am);
+    if constexpr (kMasked) t *= static_cast<T>((k > m) & (k < n));
+    acc += t;
+    g[k] -= t;
+  }
+  return acc;
 }
 
 // g_m = sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m); pairs (m, k > m) once
 // (s and a padded with finite values up to padded(nv)).
 template <typename T>
 void rank_grad(const T* __restrict s, const T* __restrict a, int64_t nv, T inv_tau, T* __restrict g) {
-  const int64_t n_pad = padded(nv);
-  std::fill(g, g + n_pad, T(0));
+  std::fill(g, g + padded(nv), T(0));
   for (int64_t m = 0; m < nv; ++m) {
+    const Ranges r = ranges_of(m, nv);
     const T sm = s[m], am = a[m];
-    T acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t k = aligned_start(m + 1); k < n_pad; ++k) {
-      const T t = pair_mask<T>(k, m, nv) * logistic_deriv((s[k] - sm) * inv_tau) * (a[k] - am);
-      acc += t;
-      g[k] -= t;
-    }
-    g[m] += acc;
+    g[m] += grad_pairs<true>(s, a, sm, am, inv_tau, g, r.k0, r.k1, m, nv) +
+            grad_pairs<false>(s, a, sm, am, inv_tau, g, r.k1, r.k2, m, nv) +
+            grad_pairs<true>(s, a, sm, am, inv_tau, g, r.k2, r.pad, m, nv);
   }
 }
 
