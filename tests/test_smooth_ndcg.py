@@ -657,9 +657,10 @@ def _cuda_profile(n, direction):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fastrank.smooth_ndcg_loss(s, rel, 0.05, direction).backward()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
-    launches = sum(1 for nm in names if nm in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-    d2h = sum(1 for nm in names if "DtoH" in nm or "Device -> Host" in nm)
+    # device-side activity (CUPTI sees every kernel, whichever runtime launched it)
+    gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = sum(1 for e in gpu if not e.name.startswith(("Memcpy", "Memset")))
+    d2h = sum(1 for e in gpu if "DtoH" in e.name or "Device -> Host" in e.name or "Device -> Pinned" in e.name)
     return launches, d2h
 
 

@@ -38,12 +38,12 @@ PYBIND11_MODULE(_C_cpu, m) {
 
   // ---- smooth_ndcg (csrc/cpu/smooth_ndcg.cpp) ----
   m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,
-                                  i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, double tau, ptr out,
-                                  ptr ws) {
+                                  i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau,
+                                  ptr out, ptr ws) {
     py::gil_scoped_release nogil;
     fastrank::cpu::smooth_ndcg_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const void>(rel), rs0,
-                                       rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, tau,
-                                       as<void>(out), as<void>(ws));
+                                       rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, with_grad,
+                                       tau, as<void>(out), as<void>(ws));
   });
   m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr mask, i64 ms0, i64 ms1, i64 n,
                                    i64 mm, int dir, int red, double tau, ptr grad_out, i64 gs, ptr ws,

@@ -35,6 +35,7 @@ namespace {
 // integer compares of the index in every lane.
 constexpr int64_t kLanes = 16;
 constexpr int64_t kParallelWork = int64_t(1) << 18;  // below: one thread (no fork/join)
+constexpr int64_t kSigmaCacheBytes = int64_t(4) << 20;  // per thread: lists up to ~1000 items (float)
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 inline int64_t aligned_start(int64_t k) { return k / kLanes * kLanes; }
 
@@ -50,6 +51,14 @@ inline Ranges ranges_of(int64_t j, int64_t n) {
   r.k1 = std::min(r.k0 + kLanes, r.pad);
   r.k2 = std::max(r.k1, aligned_start(n));
   return r;
+}
+
+// Length of row j's stored sigma' values: [aligned_start(j + 1), padded(n)).
+inline int64_t tri_row(int64_t j, int64_t n) { return padded(n) - aligned_start(j + 1); }
+inline int64_t tri_size(int64_t n) {
+  int64_t t = 0;
+  for (int64_t j = 0; j < n; ++j) t += tri_row(j, n);
+  return t;
 }
 
 // One direction's (queries, candidates) view of the (n, m) inputs: i2t = rows, t2i =
@@ -68,9 +77,13 @@ View view_of(bool t2i, int64_t n, int64_t m, int64_t ss0, int64_t ss1, int64_t r
 
 // A thread's scratch rows (sized for the longest list of the call).
 template <typename T> struct Scratch {
-  std::vector<T> s, y, p, g;
+  std::vector<T> s, y, p, g, a;
   std::vector<int64_t> idx;
-  explicit Scratch(int64_t c) : s(padded(c)), y(padded(c)), p(padded(c)), g(c), idx(c) {}
+  std::vector<T> d;  // sigma' of the rank pass, kept for the gradient pass (empty: recompute)
+  Scratch(int64_t c, bool with_grad)
+      : s(padded(c)), y(padded(c)), p(padded(c)), g(c), a(padded(c)), idx(c) {
+    if (with_grad && tri_size(c) * int64_t(sizeof(T)) <= kSigmaCacheBytes) d.resize(tri_size(c));
+  }
 };
 
 // Gathers the valid items of one query (x = sim, y = relevance or a) into contiguous
@@ -97,48 +110,65 @@ int64_t gather_valid(const T* x, int64_t xc, const T* y, int64_t yc, const uint8
 
 // Eq. 16 over k in [lo, hi): returns sum_k sigma((s_k - s_j) / tau) (-> p_j) and adds
 // sigma((s_j - s_k) / tau) to p_k: one exp per pair. kMasked: only pairs with j < k < n.
-template <bool kMasked, typename T>
-inline T rank_pairs(const T* __restrict s, T sj, T inv_tau, T* __restrict p, int64_t lo, int64_t hi,
-                    int64_t j, int64_t n) {
+// kStore: also d[k - lo] = sigma'((s_k - s_j) / tau), for the gradient pass.
+template <bool kMasked, bool kStore, typename T>
+inline T rank_pairs(const T* __restrict s, T sj, T inv_tau, T* __restrict p, T* __restrict d, int64_t lo,
+                    int64_t hi, int64_t j, int64_t n) {
   T acc = 0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t k = lo; k < hi; ++k) {
     const T x = (s[k] - sj) * inv_tau;
+    const T e = exp_nonpos(x >= T(0) ? -x : x);  // one exp: sigma(|x|) = a, sigma(-|x|) = e * a
+    const T a = T(1) / (T(1) + e);
+    const T b = e * a;
+    T pos = x >= T(0) ? a : b, neg = x >= T(0) ? b : a;
     if constexpr (kMasked) {
       const T keep = static_cast<T>((k > j) & (k < n));
-      acc += keep * logistic_pos(x);
-      p[k] += keep * logistic_neg(x);
-    } else {
-      acc += logistic_pos(x);
-      p[k] += logistic_neg(x);
+      pos *= keep;
+      neg *= keep;
     }
+    acc += pos;
+    p[k] += neg;
+    if constexpr (kStore) d[k - lo] = a * b;
   }
   return acc;
 }
 
 // p_j = 1 + sum_{k != j} sigma((s_k - s_j) / tau) over the nv items of s (s padded with
-// finite values up to padded(nv)); pairs (j, k > j) once.
+// finite values up to padded(nv)); pairs (j, k > j) once. With d != null, the pairs'
+// sigma' values are kept, row after row (tri_row(j, nv) values for row j).
 template <typename T>
-void smooth_ranks(const T* __restrict s, int64_t nv, T inv_tau, T* __restrict p) {
+void smooth_ranks(const T* __restrict s, int64_t nv, T inv_tau, T* __restrict p, T* __restrict d) {
   std::fill(p, p + padded(nv), T(1));
   for (int64_t j = 0; j < nv; ++j) {
     const Ranges r = ranges_of(j, nv);
     const T sj = s[j];
-    p[j] += rank_pairs<true>(s, sj, inv_tau, p, r.k0, r.k1, j, nv) +
-            rank_pairs<false>(s, sj, inv_tau, p, r.k1, r.k2, j, nv) +
-            rank_pairs<true>(s, sj, inv_tau, p, r.k2, r.pad, j, nv);
+    if (d != nullptr) {
+      p[j] += rank_pairs<true, true>(s, sj, inv_tau, p, d, r.k0, r.k1, j, nv) +
+              rank_pairs<false, true>(s, sj, inv_tau, p, d + (r.k1 - r.k0), r.k1, r.k2, j, nv) +
+              rank_pairs<true, true>(s, sj, inv_tau, p, d + (r.k2 - r.k0), r.k2, r.pad, j, nv);
+      d += r.pad - r.k0;
+    } else {
+      p[j] += rank_pairs<true, false>(s, sj, inv_tau, p, d, r.k0, r.k1, j, nv) +
+              rank_pairs<false, false>(s, sj, inv_tau, p, d, r.k1, r.k2, j, nv) +
+              rank_pairs<true, false>(s, sj, inv_tau, p, d, r.k2, r.pad, j, nv);
+    }
   }
 }
 
 // Over k in [lo, hi): t = sigma'((s_k - s_m) / tau) (a_k - a_m); returns sum_k t (-> g_m)
-// and subtracts t from g_k. kMasked: only pairs with m < k < n.
-template <bool kMasked, typename T>
-inline T grad_pairs(const T* __restrict s, const T* __restrict a, T sm, T am, T inv_tau, T* __restrict g,
-                    int64_t lo, int64_t hi, int64_t m, int64_t n) {
+// and subtracts t from g_k. kMasked: only pairs with m < k < n. kCached: sigma' is read
+// from d[k - lo] (stored by smooth_ranks) instead of computed.
+template <bool kMasked, bool kCached, typename T>
+inline T grad_pairs(const T* __restrict s, const T* __restrict d, const T* __restrict a, T sm, T am, T inv_tau,
+                    T* __restrict g, int64_t lo, int64_t hi, int64_t m, int64_t n) {
   T acc = 0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t k = lo; k < hi; ++k) {
-    T t = logistic_deriv((s[k] - sm) * inv_tau) * (a[k] - am);
+    T sd;
+    if constexpr (kCached) sd = d[k - lo];
+    else sd = logistic_deriv((s[k] - sm) * inv_tau);
+    T t = sd * (a[k] - am);
     if constexpr (kMasked) t *= static_cast<T>((k > m) & (k < n));
     acc += t;
     g[k] -= t;
@@ -147,41 +177,54 @@ inline T grad_pairs(const T* __restrict s, const T* __restrict a, T sm, T am, T 
 }
 
 // g_m = sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m); pairs (m, k > m) once
-// (s and a padded with finite values up to padded(nv)).
+// (s and a padded with finite values up to padded(nv)); sigma' from d when not null.
 template <typename T>
-void rank_grad(const T* __restrict s, const T* __restrict a, int64_t nv, T inv_tau, T* __restrict g) {
+void rank_grad(const T* __restrict s, const T* __restrict d, const T* __restrict a, int64_t nv, T inv_tau,
+               T* __restrict g) {
   std::fill(g, g + padded(nv), T(0));
   for (int64_t m = 0; m < nv; ++m) {
     const Ranges r = ranges_of(m, nv);
     const T sm = s[m], am = a[m];
-    g[m] += grad_pairs<true>(s, a, sm, am, inv_tau, g, r.k0, r.k1, m, nv) +
-            grad_pairs<false>(s, a, sm, am, inv_tau, g, r.k1, r.k2, m, nv) +
-            grad_pairs<true>(s, a, sm, am, inv_tau, g, r.k2, r.pad, m, nv);
+    if (d != nullptr) {
+      g[m] += grad_pairs<true, true>(s, d, a, sm, am, inv_tau, g, r.k0, r.k1, m, nv) +
+              grad_pairs<false, true>(s, d + (r.k1 - r.k0), a, sm, am, inv_tau, g, r.k1, r.k2, m, nv) +
+              grad_pairs<true, true>(s, d + (r.k2 - r.k0), a, sm, am, inv_tau, g, r.k2, r.pad, m, nv);
+      d += r.pad - r.k0;
+    } else {
+      g[m] += grad_pairs<true, false>(s, d, a, sm, am, inv_tau, g, r.k0, r.k1, m, nv) +
+              grad_pairs<false, false>(s, d, a, sm, am, inv_tau, g, r.k1, r.k2, m, nv) +
+              grad_pairs<true, false>(s, d, a, sm, am, inv_tau, g, r.k2, r.pad, m, nv);
+    }
   }
 }
 
-// One query of the forward: writes its row of a and its IDCG, returns its loss;
+// One query of the forward: returns its loss, writes its IDCG and, with_grad, its row of
+// G = d DCG / d s * tau (the gradient up to the per-query factor -w / (tau * IDCG) that
+// the backward applies): the gradient pass runs here, while the query's row is in
+// cache, on the sigma' values the rank pass kept (when the list is short enough).
 // *n_valid = the number of items in its list.
 template <typename T>
 T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint8_t* mask, T inv_tau,
-                const T* disc, Scratch<T>& w, T* a, T* idcg, int64_t* n_valid) {
+                const T* disc, Scratch<T>& w, bool with_grad, T* G, T* idcg, int64_t* n_valid) {
   const uint8_t* mrow = mask ? mask + q * v.mq : nullptr;
   T* __restrict s = w.s.data();
   T* __restrict r = w.y.data();
   T* __restrict p = w.p.data();
   T* __restrict gs = w.g.data();
+  T* __restrict av = w.a.data();
   const int64_t nv = gather_valid(sim + q * v.sq, v.sc, rel + q * v.rq, v.rc, mrow, v.mc, v.nc, s, r,
                                   w.idx.data());
   *n_valid = nv;
-  T* arow = a + q * v.aq;
-  if (mrow != nullptr)
-    for (int64_t c = 0; c < v.nc; ++c) arow[c * v.ac] = T(0);  // masked items: a = 0
+  T* grow = G + q * v.aq;
+  if (with_grad && mrow != nullptr)
+    for (int64_t c = 0; c < v.nc; ++c) grow[c * v.ac] = T(0);  // masked items: gradient 0
   if (nv == 0) {
     idcg[q] = T(0);
     return T(0);
   }
   std::fill(s + nv, s + padded(nv), T(0));
-  smooth_ranks(s, nv, inv_tau, p);
+  T* d = with_grad && w.d.size() > 0 ? w.d.data() : nullptr;  // sigma' cache (short lists)
+  smooth_ranks(s, nv, inv_tau, p, d);
   // Eq. 17: DCG = sum_j g_j / log2(1 + pi_j); a_j = g_j * d/dpi [1 / log2(1 + pi)](pi_j).
   // z = poison(s_j + r_j) carries a non-finite input into the loss and the gradient.
   constexpr T kLn2 = T(0.69314718055994530942);
@@ -192,7 +235,7 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
     const T l = std::log1p(p[j]);
     const T z = poison(s[j] + r[j]);
     dcg += g * (kLn2 / l) + z;
-    arow[(mrow ? w.idx[j] : j) * v.ac] = g * (-kLn2 / ((T(1) + p[j]) * l * l)) + z;
+    av[j] = g * (-kLn2 / ((T(1) + p[j]) * l * l)) + z;
     gs[j] = g;
     nan_gain |= g != g;
   }
@@ -205,38 +248,14 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
     for (int64_t i = 0; i < nv; ++i) ideal += gs[i] * disc[i];
   }
   idcg[q] = ideal;
+  if (with_grad) {
+    // G_m = sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m) (+ poison(a_m): a lone item)
+    std::fill(av + nv, av + padded(nv), T(0));
+    rank_grad(s, d, av, nv, inv_tau, p);  // p is free now: it receives G
+    for (int64_t j = 0; j < nv; ++j) grow[(mrow ? w.idx[j] : j) * v.ac] = p[j] + poison(av[j]);
+  }
   // Eq. 18, 20-21: loss = 1 - DCG / IDCG; 0 when IDCG <= 0 (still poisoned by a NaN)
   return (ideal > T(0) ? T(1) - dcg / ideal : T(0)) + poison(dcg);
-}
-
-// One query of the backward: its items' gradient, written (or added, for the second
-// direction) into grad; masked items get exactly 0 (written by the first direction).
-template <typename T>
-void backward_query(const View& v, int64_t q, const T* sim, const uint8_t* mask, const T* a, T coef,
-                    T inv_tau, Scratch<T>& w, T* grad, bool accumulate) {
-  const uint8_t* mrow = mask ? mask + q * v.mq : nullptr;
-  T* __restrict s = w.s.data();
-  T* __restrict av = w.y.data();
-  T* __restrict g = w.p.data();
-  const int64_t nv = gather_valid(sim + q * v.sq, v.sc, a + q * v.aq, v.ac, mrow, v.mc, v.nc, s, av,
-                                  w.idx.data());
-  T* grow = grad + q * v.aq;
-  if (!accumulate && mrow != nullptr)
-    for (int64_t c = 0; c < v.nc; ++c) grow[c * v.ac] = T(0);
-  if (nv == 0) return;
-  if (coef == T(0)) {
-    // constant loss (IDCG <= 0 or a zero weight): 0, unless an input was non-finite
-    for (int64_t j = 0; j < nv; ++j) g[j] = poison(av[j]);
-  } else {
-    std::fill(s + nv, s + padded(nv), T(0));
-    std::fill(av + nv, av + padded(nv), T(0));
-    rank_grad(s, av, nv, inv_tau, g);
-    for (int64_t j = 0; j < nv; ++j) g[j] *= coef;
-  }
-  for (int64_t j = 0; j < nv; ++j) {
-    T& out = grow[(mrow ? w.idx[j] : j) * v.ac];
-    out = accumulate ? out + g[j] : g[j];
-  }
 }
 
 struct Layout {  // offsets into ws (smooth_ndcg.h)
@@ -263,7 +282,7 @@ Layout layout_of(int64_t n, int64_t m, int direction) {
 template <typename T>
 void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t rs0, int64_t rs1,
                   const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                  int reduction, T tau, T* out, T* ws) {
+                  int reduction, bool with_grad, T tau, T* out, T* ws) {
   const Layout L = layout_of(n, m, direction);
   const View v1 = view_of(false, n, m, ss0, ss1, rs0, rs1, ms0, ms1);
   const View v2 = view_of(true, n, m, ss0, ss1, rs0, rs1, ms0, ms1);
@@ -277,18 +296,18 @@ void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t 
   const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
 #pragma omp parallel if (work >= kParallelWork)
   {
-    Scratch<T> w(c_max);
+    Scratch<T> w(c_max, with_grad);
     if (L.d1) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t q = 0; q < n; ++q)
-        qloss[q] = forward_query(v1, q, sim, rel, mask, inv_tau, disc.data(), w, ws + L.a1, idcg,
+        qloss[q] = forward_query(v1, q, sim, rel, mask, inv_tau, disc.data(), w, with_grad, ws + L.a1, idcg,
                                  &n_valid[q]);
     }
     if (L.d2) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t q = 0; q < m; ++q)
-        qloss[L.nq1 + q] = forward_query(v2, q, sim, rel, mask, inv_tau, disc.data(), w, ws + L.a2,
-                                         idcg + L.nq1, &n_valid[L.nq1 + q]);
+        qloss[L.nq1 + q] = forward_query(v2, q, sim, rel, mask, inv_tau, disc.data(), w, with_grad,
+                                         ws + L.a2, idcg + L.nq1, &n_valid[L.nq1 + q]);
     }
   }
   // reduction, in a fixed order: per direction the sum and the count of non-empty lists
@@ -309,17 +328,15 @@ void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t 
   if (reduction != kNone) out[0] = total;
 }
 
+// The backward is elementwise: grad[i, j] = c_i2t[i] * G_i2t[i, j] + c_t2i[j] * G_t2i[i, j]
+// with the per-query factor c = -w / (tau * IDCG) (w = d out / d query loss); a constant
+// query loss (c = 0) still passes a non-finite G on. Masked entries get exactly 0.
 template <typename T>
-void backward_impl(const T* sim, int64_t ss0, int64_t ss1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                   int64_t n, int64_t m, int direction, int reduction, T tau, const T* grad_out, int64_t gs,
-                   const T* ws, T* grad) {
+void backward_impl(const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
+                   int reduction, T tau, const T* grad_out, int64_t gs, const T* ws, T* grad) {
   const Layout L = layout_of(n, m, direction);
-  const View v1 = view_of(false, n, m, ss0, ss1, 0, 0, ms0, ms1);
-  const View v2 = view_of(true, n, m, ss0, ss1, 0, 0, ms0, ms1);
   const T inv_tau = T(1) / tau;
-  const int64_t c_max = std::max(L.d1 ? m : 0, L.d2 ? n : 0);
   const T* idcg = ws + L.idcg;
-  // d loss / d (query loss): grad_out per query ("none"), else grad_out[0] (/ count: "mean")
   T scale[2];
   for (int d = 0; d < 2; ++d) {
     const T count = ws[L.counts + d];
@@ -329,19 +346,20 @@ void backward_impl(const T* sim, int64_t ss0, int64_t ss1, const uint8_t* mask, 
     const T wq = reduction == kNone ? grad_out[qi * gs] : grad_out[0] * scale[d];
     return idcg[qi] > T(0) ? -wq * inv_tau / idcg[qi] : T(0);
   };
-  const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
-#pragma omp parallel if (work >= kParallelWork)
-  {
-    Scratch<T> w(c_max);
-    if (L.d1) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t q = 0; q < n; ++q)
-        backward_query(v1, q, sim, mask, ws + L.a1, coef(0, q), inv_tau, w, grad, false);
-    }
-    if (L.d2) {  // after the i2t loop's barrier: add into what it wrote
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t q = 0; q < m; ++q)
-        backward_query(v2, q, sim, mask, ws + L.a2, coef(1, L.nq1 + q), inv_tau, w, grad, L.d1);
+  auto term = [](T c, T g) { return c == T(0) ? poison(g) : c * g; };
+  std::vector<T> c2(L.d2 ? m : 0);
+  for (int64_t j = 0; j < static_cast<int64_t>(c2.size()); ++j) c2[j] = coef(1, L.nq1 + j);
+  const T* G1 = ws + L.a1;
+  const T* G2 = ws + L.a2;
+#pragma omp parallel for schedule(static) if (n * m >= kParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const T c1 = L.d1 ? coef(0, i) : T(0);
+    T* out = grad + i * m;
+    for (int64_t j = 0; j < m; ++j) {
+      T v = 0;
+      if (L.d1) v += term(c1, G1[i * m + j]);
+      if (L.d2) v += term(c2[j], G2[i * m + j]);
+      out[j] = (mask == nullptr || mask[i * ms0 + j * ms1]) ? v : T(0);
     }
   }
 }
@@ -350,22 +368,25 @@ void backward_impl(const T* sim, int64_t ss0, int64_t ss1, const uint8_t* mask, 
 
 void smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
                          int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                         int64_t n, int64_t m, int direction, int reduction, double tau, void* out,
-                         void* ws) {
+                         int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
+                         void* out, void* ws) {
   FASTRANK_DISPATCH_CPU(dt, T,
       forward_impl<T>(static_cast<const T*>(sim), ss0, ss1, static_cast<const T*>(rel), rs0, rs1, mask,
-                      ms0, ms1, n, m, direction, reduction, static_cast<T>(tau), static_cast<T*>(out),
-                      static_cast<T*>(ws)));
+                      ms0, ms1, n, m, direction, reduction, with_grad != 0, static_cast<T>(tau),
+                      static_cast<T*>(out), static_cast<T*>(ws)));
 }
 
 void smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask,
                           int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                           int reduction, double tau, const void* grad_out, int64_t gs,
                           const void* ws, void* grad) {
+  (void)sim;  // the forward kept G: the backward is elementwise
+  (void)ss0;
+  (void)ss1;
   FASTRANK_DISPATCH_CPU(dt, T,
-      backward_impl<T>(static_cast<const T*>(sim), ss0, ss1, mask, ms0, ms1, n, m, direction, reduction,
-                       static_cast<T>(tau), static_cast<const T*>(grad_out), gs,
-                       static_cast<const T*>(ws), static_cast<T*>(grad)));
+      backward_impl<T>(mask, ms0, ms1, n, m, direction, reduction, static_cast<T>(tau),
+                       static_cast<const T*>(grad_out), gs, static_cast<const T*>(ws),
+                       static_cast<T*>(grad)));
 }
 
 }  // namespace cpu

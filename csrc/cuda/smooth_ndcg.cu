@@ -262,8 +262,9 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
 
 int smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel, int64_t rs0,
                         int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                        int direction, int reduction, double tau, void* out, void* ws, void* partials,
-                        void* stream) {
+                        int direction, int reduction, int with_grad, double tau, void* out, void* ws,
+                        void* partials, void* stream) {
+  (void)with_grad;  // a is cheap next to the ranks: always written
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (tiles(n) > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
   const Layout L = layout_of(n, m, direction);

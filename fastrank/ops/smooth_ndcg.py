@@ -46,7 +46,7 @@ def _kernel_input(sim: Tensor) -> Tensor:
 
 
 def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-             reduction: int):
+             reduction: int, with_grad: bool = True):
     s = _kernel_input(sim)
     r = relevance if relevance.dtype == s.dtype else relevance.to(s.dtype)
     acc = acc_dtype(s.dtype)
@@ -56,7 +56,8 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float,
     ws = s.new_empty((ws_numel,), dtype=acc)
     mp, ms0, ms1 = mask_args(mask)
     args = (DTYPE_CODE[s.dtype], s.data_ptr(), s.stride(0), s.stride(1), r.data_ptr(), r.stride(0),
-            r.stride(1), mp, ms0, ms1, n, m, direction, reduction, tau, out.data_ptr(), ws.data_ptr())
+            r.stride(1), mp, ms0, ms1, n, m, direction, reduction, int(with_grad), tau, out.data_ptr(),
+            ws.data_ptr())
     if s.device.type == "cpu":
         cpu_module().smooth_ndcg_forward(*args)
     else:
@@ -89,7 +90,7 @@ def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor,
 class _SmoothNDCG(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sim, relevance, mask, tau, direction, reduction):
-        out, ws = _forward(sim, relevance, mask, tau, direction, reduction)
+        out, ws = _forward(sim, relevance, mask, tau, direction, reduction, ctx.needs_input_grad[0])
         ctx.mark_non_differentiable(ws)
         ctx.save_for_backward(sim, mask, ws)
         ctx.args = (tau, direction, reduction)

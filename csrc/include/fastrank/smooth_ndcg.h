@@ -18,10 +18,14 @@
 // over directions of the mean over lists with >= 1 valid item (0 if none), "sum" = sum.
 //
 // Workspace `ws` (accumulation type A: float, double for float64), smooth_ndcg_ws_numel:
-//   [a_i2t (n*m) if i2t][a_t2i (n*m) if t2i][idcg (Q)][qloss (Q)][count_i2t, count_t2i]
-// a_d[i * m + j] = g * d/dpi [1 / log2(1 + pi)] at pi of (i, j) in direction d (0 if
-// masked), plus poison(s + r) = (s + r) - (s + r) so that a non-finite input poisons the gradient. The
-// backward needs only sim, mask and ws:
+//   [w_i2t (n*m) if i2t][w_t2i (n*m) if t2i][idcg (Q)][qloss (Q)][count_i2t, count_t2i]
+// w_d[i * m + j] is per-element state of direction d for the backward (0 if masked):
+//  - CPU: G = sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m), the gradient up to the
+//    per-query factor; the forward runs this second pair pass while the list is in cache,
+//    on the sigma' values its rank pass kept (skipped when with_grad = 0), so the
+//    backward is elementwise;
+//  - CUDA: a = g * d/dpi [1 / log2(1 + pi)]; the backward runs the pair pass.
+// Both carry poison(s + r), so a non-finite input poisons the gradient. Then
 //   d loss_q / d s_m = -(1 / (tau * IDCG_q)) sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m)
 // scaled by grad_out (strided by `gs`; reduction none: one per query, else grad_out[0]
 // times 1/count_d for mean). grad is written contiguous (n, m) in sim's storage type.
@@ -41,8 +45,8 @@ inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
 namespace cpu {
 void smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
                          int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                         int64_t n, int64_t m, int direction, int reduction, double tau, void* out,
-                         void* ws);
+                         int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
+                         void* out, void* ws);
 void smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask,
                           int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                           int reduction, double tau, const void* grad_out, int64_t gs,
@@ -55,8 +59,8 @@ namespace cuda {
 // Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
 int smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
                         int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                        int64_t n, int64_t m, int direction, int reduction, double tau, void* out,
-                        void* ws, void* partials, void* stream);
+                        int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
+                        void* out, void* ws, void* partials, void* stream);
 int smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask,
                          int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                          int reduction, double tau, const void* grad_out, int64_t gs,
