@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.kendall import kendall_fwd
+from fastrank.ops.kendall import kendall_op
 
 CUDA = fastrank.backends()["cuda_available"]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -169,7 +169,7 @@ def test_pair_test_rounding_matches_reference():
     rel = vals.repeat(3, 1)
     sim = torch.linspace(2, -2, 21).repeat(3, 1)  # every active pair violated
     for alpha in (0.05, 0.1, 0.15, 0.3):
-        (loss_n, dsim), loss_r = kendall_fwd(sim, rel, alpha), None
+        loss_n = kendall_op(sim, rel, None, alpha, 1, 0)[0]
         active = rel.unsqueeze(2) > (rel + alpha).unsqueeze(1)
         hinge = torch.relu(sim.unsqueeze(1) - sim.unsqueeze(2))
         loss_r = (hinge * active).sum((1, 2)) / active.sum((1, 2)).clamp(min=1)
@@ -212,8 +212,11 @@ def test_gradcheck_native_float64():
 # ---- (4) torch.compile and opcheck ------------------------------------------------------
 def test_opcheck():
     sim, rel = rand_case(5, 7, 7)
+    mask = torch.rand(sim.shape, generator=torch.Generator().manual_seed(1)) > 0.3
     for s, r in ((sim, rel), (sim.t(), rel.t()), (sim.double(), rel.double())):
-        torch.library.opcheck(kendall_fwd, (s.clone().requires_grad_(True), r, 0.1))
+        for mk in (None, mask if s.shape == mask.shape else mask.t()):
+            for d, red in ((1, 0), (2, 1), (3, 2), (3, 0)):
+                torch.library.opcheck(kendall_op, (s.clone().requires_grad_(True), r, mk, 0.1, d, red))
 
 
 def test_torch_compile_fullgraph():
