@@ -220,7 +220,6 @@ void forward_impl(const T* sim, int64_t s0, int64_t s1, const T* rel, int64_t r0
   const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
   T* qloss = aux;
   T* qvalid = aux + n_total;
-  T* coef = aux + 2 * n_total;
   int64_t off = 0, slab = 0;
   int64_t offs[2] = {0, 0}, counts[2] = {0, 0};
   if (i2t) {
@@ -232,25 +231,7 @@ void forward_impl(const T* sim, int64_t s0, int64_t s1, const T* rel, int64_t r0
                    qloss + off, qvalid + off);
     offs[slab] = off; counts[slab] = m; off += m; ++slab;
   }
-  // reduction: serial, in query order (deterministic)
-  double result = 0;
-  coef[0] = coef[1] = T(1);
-  for (int64_t d = 0; d < slab; ++d) {
-    double sum = 0, valid = 0;
-    for (int64_t q = offs[d]; q < offs[d] + counts[d]; ++q) { sum += qloss[q]; valid += qvalid[q]; }
-    if (reduction == kMean) {
-      const double c = 1.0 / std::max(valid, 1.0);
-      coef[d] = static_cast<T>(c);
-      result += sum * c;
-    } else {
-      result += sum;
-    }
-  }
-  if (reduction == kNone) {
-    std::copy(qloss, qloss + n_total, loss);
-  } else {
-    loss[0] = static_cast<T>(result);
-  }
+  reduce_queries(aux, n_total, static_cast<int>(slab), offs, counts, reduction, loss);
 }
 
 template <typename T>

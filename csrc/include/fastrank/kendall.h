@@ -29,6 +29,37 @@
 
 namespace fastrank {
 namespace cpu {
+// The reduction of a fused loss call on the CPU, shared by kendall and kendall_sw:
+// aux = [qloss(n_total), qvalid(n_total), coef(2)] with the queries of slab d at
+// [offs[d], offs[d] + counts[d]). Writes coef (1 / max(1, #valid) for mean, else 1) and
+// loss (the n_total per-query losses for none, else one value). Serial, in query order,
+// summed in double: deterministic.
+template <typename T>
+inline void reduce_queries(T* aux, int64_t n_total, int n_slabs, const int64_t* offs, const int64_t* counts,
+                           int reduction, T* loss) {
+  const T* qloss = aux;
+  const T* qvalid = aux + n_total;
+  T* coef = aux + 2 * n_total;
+  coef[0] = coef[1] = T(1);
+  double result = 0;
+  for (int d = 0; d < n_slabs; ++d) {
+    double sum = 0, valid = 0;
+    for (int64_t q = offs[d]; q < offs[d] + counts[d]; ++q) { sum += qloss[q]; valid += qvalid[q]; }
+    if (reduction == kMean) {
+      const double c = 1.0 / (valid > 1.0 ? valid : 1.0);
+      coef[d] = static_cast<T>(c);
+      result += sum * c;
+    } else {
+      result += sum;
+    }
+  }
+  if (reduction == kNone) {
+    for (int64_t q = 0; q < n_total; ++q) loss[q] = qloss[q];
+  } else {
+    loss[0] = static_cast<T>(result);
+  }
+}
+
 void kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
                      int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
                      int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
