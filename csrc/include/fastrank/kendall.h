@@ -76,5 +76,32 @@ int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int
                     void* aux, void* stream);
 int kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
                      int direction, int reduction, void* grad, void* stream);
+
+#if defined(__CUDACC__)
+// The reduction of a fused loss call on CUDA, shared by kendall and kendall_sw: one block
+// (a power-of-two number of threads) after the per-query kernel. aux as for the CPU
+// (qloss, qvalid, coef); slab 0 has n0 queries at 0, slab 1 n1 queries at n0 (n1 = 0 for
+// one direction). Writes coef and loss[0]. Fixed summation order: deterministic.
+template <typename A>
+__global__ void reduce_queries_kernel(A* __restrict__ aux, int64_t n_total, int64_t n0, int64_t n1, int reduction,
+                                      A* __restrict__ loss) {
+  __shared__ A scratch[256];
+  const A* qloss = aux;
+  const A* qvalid = aux + n_total;
+  A* coef = aux + 2 * n_total;
+  A result = 0;
+  for (int d = 0; d < 2; ++d) {
+    const int64_t off = d == 0 ? 0 : n0, cnt = d == 0 ? n0 : n1;
+    A sum = 0, valid = 0;
+    for (int64_t q = off + threadIdx.x; q < off + cnt; q += blockDim.x) { sum += qloss[q]; valid += qvalid[q]; }
+    sum = block_sum(sum, scratch);
+    valid = block_sum(valid, scratch);
+    const A c = reduction == kMean ? A(1) / (valid > A(1) ? valid : A(1)) : A(1);
+    if (threadIdx.x == 0) coef[d] = c;
+    if (cnt > 0) result += reduction == kMean ? sum * c : sum;
+  }
+  if (threadIdx.x == 0) loss[0] = result;
+}
+#endif
 }  // namespace cuda
 }  // namespace fastrank
