@@ -427,3 +427,108 @@ def test_cuda_low_precision_error(dt):
     assert g_k.dtype == dt
     assert err(l_k, exact_l) <= 2 * err(l_ref, exact_l) + 1e-6
     assert err(g_k, exact_g) <= 2 * err(s.grad, exact_g) + 1e-6
+
+
+# ---- (8) non-finite inputs (SPEC.md 1) and the fused call -----------------------------------
+@pytest.mark.parametrize("where", ["sim", "relevance"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_nonfinite_propagates_with_check_off(monkeypatch, where, bad, reduction):
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    sim, rel = rand_case(5, 6, 20)
+    (sim if where == "sim" else rel)[2, 3] = bad
+    for direction in DIRECTIONS:
+        loss, grad = loss_and_grad(sim, rel, direction=direction, reduction=reduction, impl="native")
+        assert not torch.isfinite(loss).all(), direction
+        assert not torch.isfinite(grad).all(), direction
+
+
+def test_edges_from_scalars_match_reference_edges():
+    # the kernels compute the edges themselves: membership must match the float64-then-
+    # rounded edges of the reference exactly, also for strides that are not exact in binary
+    for alpha, beta, lr in ((0.1, 0.05, (0.0, 1.0)), (0.07, 0.013, (-0.3, 0.9)), (0.2, 0.1, (-1.0, 1.0))):
+        for dtype in (torch.float32, torch.float64):
+            sim, rel = rand_case(7, 30, 21, "edges", dtype, alpha, beta, lr)
+            upper, lower = edge_tensors(alpha, beta, lr, dtype, sim.device)
+            _, idx, _ = sw_fwd(sim, rel, alpha, beta, lr)
+            for q in range(sim.shape[0]):
+                for mw in range(upper.shape[0]):
+                    pos = (rel[q] >= upper[mw]).nonzero().flatten()
+                    neg = (rel[q] < lower[mw]).nonzero().flatten()
+                    j = pos[sim[q, pos].argmin()].item() if len(pos) else -1
+                    k = neg[sim[q, neg].argmax()].item() if len(neg) else -1
+                    assert idx[q, mw].tolist() == [j, k]
+
+
+@needs_cuda
+def test_cuda_nonfinite_default_propagates():
+    for where in ("sim", "relevance"):
+        sim, rel = rand_case(6, 7, 22)
+        (sim if where == "sim" else rel)[1, 2] = float("nan")
+        loss, grad = loss_and_grad(sim.cuda(), rel.cuda(), impl="native")
+        assert not torch.isfinite(loss).all() and not torch.isfinite(grad).all()
+
+
+@needs_cuda
+def test_cuda_graph_capture_replay():
+    sim, rel = rand_case(64, 48, 23)
+    sim, rel = sim.cuda(), rel.cuda()
+    s = sim.clone().requires_grad_(True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            s.grad = None
+            fastrank.kendall_sw_loss(s, rel).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    s.grad = None
+    with torch.cuda.graph(g):
+        loss = fastrank.kendall_sw_loss(s, rel)
+        loss.backward()
+    g.replay()
+    torch.cuda.synchronize()
+    l_e, g_e = loss_and_grad(sim, rel)
+    torch.testing.assert_close(loss.detach(), l_e)
+    torch.testing.assert_close(s.grad, g_e)
+
+
+@needs_cuda
+def test_cuda_compile_reduce_overhead_step():
+    sim, rel = rand_case(32, 32, 24)
+    w = torch.nn.Parameter(torch.randn(32, 32, device="cuda"))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    @torch.compile(mode="reduce-overhead")
+    def step(x, r):
+        return fastrank.kendall_sw_loss(x @ w, r)
+
+    for _ in range(3):
+        opt.zero_grad()
+        loss = step(sim.cuda(), rel.cuda())
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+
+
+@needs_cuda
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cuda_launch_count_and_no_d2h(direction):
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = []
+    for n in (8, 256):
+        sim, rel = rand_case(n, n, 25)
+        s = sim.cuda().requires_grad_(True)
+        r = rel.cuda()
+        fastrank.kendall_sw_loss(s, r, direction=direction).backward()  # warm-up
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fastrank.kendall_sw_loss(s, r, direction=direction).backward()
+            torch.cuda.synchronize()
+        events = prof.events()
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+        assert not any("DtoH" in e.name or "HtoD" in e.name for e in events)
+        counts.append(len(kernels))
+    assert counts[0] == counts[1] and counts[0] <= 6, counts
