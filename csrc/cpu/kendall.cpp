@@ -7,7 +7,8 @@
 //     poison = sum of 0 * s + 0 * r (NaN iff some value read is NaN/inf: SPEC 1). A
 //     poisoned query skips the pair pass: its loss and gradient entries are NaN.
 //  2. sort the entries by relevance, descending (stable LSD radix sort on order-preserving
-//     integer keys, branch-free: ~3 us at 512 entries, against ~10 us for std::sort).
+//     integer keys, branch-free: ~3 us at 512 entries, against ~10 us for std::sort;
+//     insertion sort up to 32 entries).
 //     Then for j < k only "j above k" (r_j > r_k + a) can hold, and it holds for a
 //     suffix k >= t_j; t_j is non-decreasing in j (two pointers, O(n)). The pair count is
 //     sum_j (v - t_j), exact.
@@ -79,13 +80,22 @@ int radix_sort(K* key, int32_t* val, K* key_tmp, int32_t* val_tmp, int64_t n) {
   return passes;
 }
 
+// Per-thread scratch: three allocations (not one per array: at N = 4 the mallocs were
+// a visible part of the call).
 template <typename T> struct Scratch {
-  std::vector<T> s0, r0, s, r, ra, g, kf;
-  std::vector<int32_t> c0, c, c_tmp;
-  std::vector<typename KeyOf<T>::type> key, key_tmp;
-  explicit Scratch(int64_t n_pad)
-      : s0(n_pad), r0(n_pad), s(n_pad), r(n_pad), ra(n_pad), g(n_pad), kf(n_pad), c0(n_pad), c(n_pad),
-        c_tmp(n_pad), key(n_pad), key_tmp(n_pad) {
+  using K = typename KeyOf<T>::type;
+  std::vector<T> t_buf;
+  std::vector<int32_t> i_buf;
+  std::vector<K> k_buf;
+  T *s0, *r0, *s, *r, *ra, *g, *kf;
+  int32_t *c0, *c, *c_tmp;
+  K *key, *key_tmp;
+  explicit Scratch(int64_t n_pad) : t_buf(7 * n_pad), i_buf(3 * n_pad), k_buf(2 * n_pad) {
+    T* t = t_buf.data();
+    s0 = t; r0 = t + n_pad; s = t + 2 * n_pad; r = t + 3 * n_pad; ra = t + 4 * n_pad; g = t + 5 * n_pad;
+    kf = t + 6 * n_pad;
+    c0 = i_buf.data(); c = c0 + n_pad; c_tmp = c0 + 2 * n_pad;
+    key = k_buf.data(); key_tmp = key + n_pad;
     for (int64_t k = 0; k < n_pad; ++k) kf[k] = static_cast<T>(k);
   }
 };
@@ -95,8 +105,8 @@ template <typename T> struct Scratch {
 template <typename T>
 T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
   const T inf = std::numeric_limits<T>::infinity();
-  T* __restrict s0 = w.s0.data();
-  T* __restrict r0 = w.r0.data();
+  T* __restrict s0 = w.s0;
+  T* __restrict r0 = w.r0;
   // 1. poison of every value read
   T poison = 0;
 #pragma omp simd reduction(+ : poison)
@@ -106,22 +116,34 @@ T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
     return poison;
   }
   // 2. sort by relevance, descending (stable: ties keep the index order)
-  auto* key = w.key.data();
-  int32_t* idx = w.c.data();
-  int32_t* idx_tmp = w.c_tmp.data();
+  auto* key = w.key;
+  int32_t* idx = w.c;
+  int32_t* idx_tmp = w.c_tmp;
   for (int64_t k = 0; k < v; ++k) {
     key[k] = desc_key(r0[k]);
     idx[k] = static_cast<int32_t>(k);
   }
-  const int passes = radix_sort(key, idx, w.key_tmp.data(), idx_tmp, v);
+  int passes = 0;
+  if (v <= 32) {  // short lists: stable insertion sort (the radix histograms cost more)
+    for (int64_t a = 1; a < v; ++a) {
+      const auto ka = key[a];
+      const int32_t ia = idx[a];
+      int64_t b = a;
+      for (; b > 0 && key[b - 1] > ka; --b) { key[b] = key[b - 1]; idx[b] = idx[b - 1]; }
+      key[b] = ka;
+      idx[b] = ia;
+    }
+  } else {
+    passes = radix_sort(key, idx, w.key_tmp, idx_tmp, v);
+  }
   const int32_t* order = (passes & 1) ? idx_tmp : idx;
   int32_t* __restrict col = (passes & 1) ? idx : idx_tmp;  // the free buffer
   const int64_t v_pad = (v + kPad - 1) / kPad * kPad;
-  T* __restrict s = w.s.data();
-  T* __restrict r = w.r.data();
-  T* __restrict ra = w.ra.data();
-  T* __restrict g = w.g.data();
-  const T* __restrict kf = w.kf.data();
+  T* __restrict s = w.s;
+  T* __restrict r = w.r;
+  T* __restrict ra = w.ra;
+  T* __restrict g = w.g;
+  const T* __restrict kf = w.kf;
   for (int64_t k = 0; k < v; ++k) {
     const int32_t o = order[k];
     s[k] = s0[o];
@@ -179,18 +201,14 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
   // below ~50 us of work a parallel region costs more than it saves (and on a busy
   // machine it can wait a whole time slice for its second thread)
   const bool parallel = n_q > 1 && n_q * n_pad * n_pad / 2 >= (int64_t(1) << 18);
-#pragma omp parallel if (parallel)
-  {
-    Scratch<T> w(n_pad);
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < n_q; ++q) {
+  auto query = [&](Scratch<T>& w, int64_t q) {
       const T* srow = sim + q * s_q;
       const T* rrow = rel + q * r_q;
       T* orow = out + q * o_q;
       int64_t v = 0;
       if (mask == nullptr) {
-        gather_row(srow, s_c, n_c, w.s0.data());
-        gather_row(rrow, r_c, n_c, w.r0.data());
+        gather_row(srow, s_c, n_c, w.s0);
+        gather_row(rrow, r_c, n_c, w.r0);
         for (int64_t c = 0; c < n_c; ++c) w.c0[c] = static_cast<int32_t>(c);
         v = n_c;
       } else {
@@ -208,7 +226,17 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
       }
       qloss[q] = one_query(w, v, alpha, orow, o_c);
       qvalid[q] = v > 0 ? T(1) : T(0);
-    }
+  };
+  if (!parallel) {  // no OpenMP region at all for small problems (its entry costs ~1 us)
+    Scratch<T> w(n_pad);
+    for (int64_t q = 0; q < n_q; ++q) query(w, q);
+    return;
+  }
+#pragma omp parallel
+  {
+    Scratch<T> w(n_pad);
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < n_q; ++q) query(w, q);
   }
 }
 
