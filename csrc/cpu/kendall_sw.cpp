@@ -28,6 +28,8 @@
 // atomics, fixed order). OpenMP over queries (for large enough problems); deterministic.
 #include "fastrank/kendall_sw.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -44,16 +46,19 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
   const T inf = std::numeric_limits<T>::infinity();
   // small problems run on the calling thread: a parallel region costs more than it saves
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 15);
-#pragma omp parallel if (parallel)
-  {
-    std::vector<T> s_buf(n_c), r_buf(n_c), ps(n_w + 1), ns(n_w + 1);
-    std::vector<int32_t> p_cnt(n_c), n_cnt(n_c), pi(n_w + 1), ni(n_w + 1);
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < n_q; ++q) {
-      T* __restrict s = s_buf.data();
-      T* __restrict r = r_buf.data();
-      int32_t* __restrict pc = p_cnt.data();
-      int32_t* __restrict nc = n_cnt.data();
+  // per-thread scratch, two allocations: s, r (n_c), ps, ns (n_w + 1); counts, bucket indices
+  auto body = [&](int64_t q_begin, int64_t q_step) {
+    std::vector<T> t_buf(2 * n_c + 2 * (n_w + 1));
+    std::vector<int32_t> i_buf(2 * n_c + 2 * (n_w + 1));
+    T* __restrict s = t_buf.data();
+    T* __restrict r = s + n_c;
+    T* ps = r + n_c;
+    T* ns = ps + (n_w + 1);
+    int32_t* __restrict pc = i_buf.data();
+    int32_t* __restrict nc = pc + n_c;
+    int32_t* pi = nc + n_c;
+    int32_t* ni = pi + (n_w + 1);
+    for (int64_t q = q_begin; q < n_q; q += q_step) {
       gather_row(sim + q * s_q, s_c, n_c, s);
       gather_row(rel + q * r_q, r_c, n_c, r);
       T poison = 0;
@@ -71,10 +76,10 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
         }
       }
       // buckets: lowest-index minimum (positives) / maximum (negatives) per entry count
-      std::fill(ps.begin(), ps.end(), inf);
-      std::fill(ns.begin(), ns.end(), -inf);
-      std::fill(pi.begin(), pi.end(), -1);
-      std::fill(ni.begin(), ni.end(), -1);
+      std::fill(ps, ps + n_w + 1, inf);
+      std::fill(ns, ns + n_w + 1, -inf);
+      std::fill(pi, pi + n_w + 1, -1);
+      std::fill(ni, ni + n_w + 1, -1);
       for (int64_t c = 0; c < n_c; ++c) {
         const T sc = s[c];
         const int32_t p = pc[c], n = nc[c], ci = static_cast<int32_t>(c);
@@ -106,7 +111,13 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
       }
       qloss[q] = total / static_cast<T>(n_w) + poison;
     }
+  };
+  if (!parallel) {  // no OpenMP region for small problems
+    body(0, 1);
+    return;
   }
+#pragma omp parallel
+  body(omp_get_thread_num(), omp_get_num_threads());  // static round-robin: fixed per-query work
 }
 
 template <typename T>
@@ -144,11 +155,9 @@ void backward_pass(const T* sim, int64_t s_q, int64_t s_c, int64_t n_q, int64_t 
                    int64_t n_w, const T* qloss, const T* go, T go_scale, bool accumulate, T* out, int64_t o_q,
                    int64_t o_c) {
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 17);
-#pragma omp parallel if (parallel)
-  {
+  auto body = [&](int64_t q_begin, int64_t q_step) {
     std::vector<int32_t> count(n_c);
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < n_q; ++q) {
+    for (int64_t q = q_begin; q < n_q; q += q_step) {
       const T* s = sim + q * s_q;
       const int32_t* w = idx + q * n_w * 2;
       std::fill(count.begin(), count.end(), 0);
@@ -165,7 +174,13 @@ void backward_pass(const T* sim, int64_t s_q, int64_t s_c, int64_t n_q, int64_t 
         for (int64_t c = 0; c < n_c; ++c) o[c * o_c] = static_cast<T>(count[c]) * coef + poison;
       }
     }
+  };
+  if (!parallel) {
+    body(0, 1);
+    return;
   }
+#pragma omp parallel
+  body(omp_get_thread_num(), omp_get_num_threads());
 }
 
 template <typename T>
