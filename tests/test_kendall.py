@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.kendall import kendall_fwd
+from fastrank.ops.kendall import kendall_op
 
 CUDA = fastrank.backends()["cuda_available"]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -169,7 +169,7 @@ def test_pair_test_rounding_matches_reference():
     rel = vals.repeat(3, 1)
     sim = torch.linspace(2, -2, 21).repeat(3, 1)  # every active pair violated
     for alpha in (0.05, 0.1, 0.15, 0.3):
-        (loss_n, dsim), loss_r = kendall_fwd(sim, rel, alpha), None
+        loss_n = kendall_op(sim, rel, None, alpha, 1, 0)[0]
         active = rel.unsqueeze(2) > (rel + alpha).unsqueeze(1)
         hinge = torch.relu(sim.unsqueeze(1) - sim.unsqueeze(2))
         loss_r = (hinge * active).sum((1, 2)) / active.sum((1, 2)).clamp(min=1)
@@ -212,8 +212,11 @@ def test_gradcheck_native_float64():
 # ---- (4) torch.compile and opcheck ------------------------------------------------------
 def test_opcheck():
     sim, rel = rand_case(5, 7, 7)
+    mask = torch.rand(sim.shape, generator=torch.Generator().manual_seed(1)) > 0.3
     for s, r in ((sim, rel), (sim.t(), rel.t()), (sim.double(), rel.double())):
-        torch.library.opcheck(kendall_fwd, (s.clone().requires_grad_(True), r, 0.1))
+        for mk in (None, mask if s.shape == mask.shape else mask.t()):
+            for d, red in ((1, 0), (2, 1), (3, 2), (3, 0)):
+                torch.library.opcheck(kendall_op, (s.clone().requires_grad_(True), r, mk, 0.1, d, red))
 
 
 def test_torch_compile_fullgraph():
@@ -331,3 +334,283 @@ def test_cuda_low_precision_error(dt):
     assert g_k.dtype == dt
     assert err(l_k, exact_l) <= 2 * err(l_ref, exact_l) + 1e-6
     assert err(g_k, exact_g) <= 2 * err(s.grad, exact_g) + 1e-6
+
+
+# ---- (8) masks: lists of different lengths (SPEC.md 2.1a) --------------------------------
+def rand_mask(n, m, seed, p=0.35):
+    return torch.rand(n, m, generator=torch.Generator().manual_seed(seed)) > p
+
+
+def masked_oracle(sim, rel, mask, alpha, direction="both", reduction="mean"):
+    """Loop oracle: each list with its masked entries deleted (ragged lists)."""
+    sim_l, rel_l, mask_l = sim.double().tolist(), rel.double().tolist(), mask.tolist()
+    n, m = len(sim_l), len(sim_l[0])
+    total, grad, losses = 0.0, torch.zeros(n, m, dtype=torch.float64), []
+    for d in (["i2t", "t2i"] if direction == "both" else [direction]):
+        n_q, n_c = (n, m) if d == "i2t" else (m, n)
+        at = (lambda q, c: (q, c)) if d == "i2t" else (lambda q, c: (c, q))
+        parts = []
+        for q in range(n_q):
+            keep = [c for c in range(n_c) if mask_l[at(q, c)[0]][at(q, c)[1]]]
+            s = [sim_l[at(q, c)[0]][at(q, c)[1]] for c in keep]
+            r = [rel_l[at(q, c)[0]][at(q, c)[1]] for c in keep]
+            loss, g = oracle_query(s, r, alpha) if keep else (0.0, [])
+            parts.append((loss, keep, g, bool(keep)))
+        n_valid = max(1, sum(v for *_, v in parts))
+        w = 1.0 if reduction in ("sum", "none") else 1.0 / n_valid
+        for q, (loss, keep, g, _) in enumerate(parts):
+            losses.append(loss)
+            total += w * loss
+            for c, gc in zip(keep, g):
+                grad[at(q, c)] += w * gc
+    return (losses if reduction == "none" else total), grad
+
+
+def masked_loss_and_grad(sim, rel, mask, **kw):
+    s = sim.detach().clone().requires_grad_(True)
+    loss = fastrank.kendall_loss(s, rel, mask=mask, **kw)
+    (loss.sum() if loss.dim() else loss).backward()
+    return loss.detach(), s.grad
+
+
+def test_all_true_mask_equals_no_mask():
+    sim, rel = rand_case(9, 7, 20)
+    full = torch.ones(9, 7, dtype=torch.bool)
+    for impl in ("native", "reference"):
+        for direction, reduction in (("both", "mean"), ("i2t", "none"), ("t2i", "sum")):
+            kw = dict(direction=direction, reduction=reduction, impl=impl)
+            l1, g1 = masked_loss_and_grad(sim, rel, full, **kw)
+            l2, g2 = loss_and_grad(sim, rel, **kw)
+            if impl == "native":  # the same kernel path, bit for bit
+                assert torch.equal(l1, l2) and torch.equal(g1, g2)
+            else:  # sum / count instead of mean: rounding only
+                torch.testing.assert_close(l1, l2, rtol=1e-6, atol=0)
+                torch.testing.assert_close(g1, g2, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("direction,reduction", list(itertools.product(DIRECTIONS, REDUCTIONS)))
+@pytest.mark.parametrize("impl", ["native", "reference"])
+def test_mask_equals_deleting_entries(direction, reduction, impl):
+    sim, rel = rand_case(6, 8, 21, "ties", torch.float64)
+    mask = rand_mask(6, 8, 22)
+    mask[1] = False          # a fully masked row (an empty i2t list)
+    mask[:, 3] = False       # a fully masked column (an empty t2i list)
+    mask[4] = False
+    mask[4, 0] = True        # a list of one item: no pair, loss 0, but counted by "mean"
+    want, want_grad = masked_oracle(sim, rel, mask, 0.1, direction, reduction)
+    loss, grad = masked_loss_and_grad(sim, rel, mask, alpha=0.1, direction=direction, reduction=reduction,
+                                      impl=impl)
+    torch.testing.assert_close(loss, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    if reduction != "none":
+        torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert torch.equal(grad[~mask], torch.zeros_like(grad[~mask]))  # masked gradients exactly 0
+
+
+def test_mask_native_vs_deleting_on_ragged_lists():
+    # a list's loss and gradient do not depend on what is stored under its masked entries
+    sim, rel = rand_case(12, 15, 23)
+    mask = rand_mask(12, 15, 24, p=0.5)
+    l1, g1 = masked_loss_and_grad(sim, rel, mask, reduction="none", impl="native")
+    sim2, rel2 = sim.clone(), rel.clone()
+    sim2[~mask] = 1e3
+    rel2[~mask] = 0.99
+    l2, g2 = masked_loss_and_grad(sim2, rel2, mask, reduction="none", impl="native")
+    assert torch.equal(l1, l2) and torch.equal(g1, g2)
+    assert (g1[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (1, 6), (6, 1), (33, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mask_native_matches_reference(shape, dtype):
+    sim, rel = rand_case(*shape, seed=25, dtype=dtype)
+    mask = rand_mask(*shape, 26)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    for direction, reduction in itertools.product(DIRECTIONS, REDUCTIONS):
+        kw = dict(direction=direction, reduction=reduction)
+        l_n, g_n = masked_loss_and_grad(sim, rel, mask, impl="native", **kw)
+        l_r, g_r = masked_loss_and_grad(sim, rel, mask, impl="reference", **kw)
+        torch.testing.assert_close(l_n, l_r, **tol)
+        torch.testing.assert_close(g_n, g_r, **tol)
+    # strided mask (a transposed view)
+    mt = mask.t().contiguous().t()
+    assert min(shape) == 1 or not mt.is_contiguous()
+    l_n, g_n = masked_loss_and_grad(sim, rel, mt, impl="native")
+    l_r, g_r = masked_loss_and_grad(sim, rel, mask, impl="reference")
+    torch.testing.assert_close(l_n, l_r, **tol)
+    torch.testing.assert_close(g_n, g_r, **tol)
+
+
+def test_fully_masked():
+    sim, rel = rand_case(4, 5, 27)
+    none = torch.zeros(4, 5, dtype=torch.bool)
+    for impl in ("native", "reference"):
+        for reduction in REDUCTIONS:
+            loss, grad = masked_loss_and_grad(sim, rel, none, reduction=reduction, impl=impl)
+            assert torch.equal(loss, torch.zeros_like(loss)) and torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_gradcheck_with_mask_float64():
+    g = torch.Generator().manual_seed(28)
+    n, m = 5, 6
+    sim = (torch.randperm(n * m, generator=g).double() * 0.1).reshape(n, m).requires_grad_(True)
+    rel = torch.rand(n, m, generator=g, dtype=torch.float64)
+    mask = rand_mask(n, m, 29)
+    for impl in ("native", "reference"):
+        for direction, reduction in (("both", "mean"), ("i2t", "none"), ("t2i", "sum")):
+            assert torch.autograd.gradcheck(
+                lambda s: fastrank.kendall_loss(s, rel, direction=direction, reduction=reduction, impl=impl,
+                                                mask=mask), (sim,), eps=1e-6, atol=1e-8)
+
+
+def test_module_mask():
+    sim, rel = rand_case(5, 6, 30)
+    mask = rand_mask(5, 6, 31)
+    mod = fastrank.nn.KendallLoss()
+    torch.testing.assert_close(mod(sim, rel, mask), fastrank.kendall_loss(sim, rel, mask=mask))
+    torch.testing.assert_close(mod(sim, rel), fastrank.kendall_loss(sim, rel))
+
+
+def test_bad_masks():
+    sim, rel = rand_case(4, 5, 32)
+    f = fastrank.kendall_loss
+    with pytest.raises(TypeError, match="mask"):
+        f(sim, rel, mask=torch.ones(4, 5))
+    with pytest.raises(TypeError, match="mask"):
+        f(sim, rel, mask=[[True] * 5] * 4)
+    with pytest.raises(ValueError, match="mask"):
+        f(sim, rel, mask=torch.ones(5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        f(sim, rel, mask=torch.ones(4, dtype=torch.bool))
+
+
+# ---- (9) non-finite inputs (SPEC.md 1) ------------------------------------------------------
+@pytest.mark.parametrize("where", ["sim", "relevance"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_nonfinite_propagates_with_check_off(monkeypatch, where, bad, reduction):
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    sim, rel = rand_case(5, 6, 33)
+    (sim if where == "sim" else rel)[2, 3] = bad
+    for direction in DIRECTIONS:
+        for mask in (None, rand_mask(5, 6, 34) | (torch.arange(6) == 3)):
+            loss, grad = masked_loss_and_grad(sim, rel, mask, direction=direction, reduction=reduction,
+                                              impl="native")
+            assert not torch.isfinite(loss).all(), (direction, mask is None)
+            assert not torch.isfinite(grad).all(), (direction, mask is None)
+
+
+def test_nonfinite_raises_by_default_on_cpu():
+    sim, rel = rand_case(4, 4, 35)
+    sim[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="sim"):
+        fastrank.kendall_loss(sim, rel, impl="native")
+
+
+def test_per_call_lean():
+    # the eager native path: one forward and one backward kernel call, no reference ops
+    sim, rel = rand_case(4, 4, 36)
+    s = sim.clone().requires_grad_(True)
+    with torch.autograd.profiler.profile() as prof:
+        fastrank.kendall_loss(s, rel).backward()
+    names = [e.name for e in prof.function_events]
+    assert sum("_KendallFunction" in n for n in names) >= 1
+    assert not any("relu" in n or "gather" in n for n in names)
+
+
+# ---- (10) CUDA: fused-call properties (skipped without a GPU) --------------------------------
+@needs_cuda
+def test_cuda_nonfinite_default_propagates():
+    for where in ("sim", "relevance"):
+        sim, rel = rand_case(6, 7, 37)
+        (sim if where == "sim" else rel)[1, 2] = float("nan")
+        loss, grad = loss_and_grad(sim.cuda(), rel.cuda(), impl="native")
+        assert not torch.isfinite(loss).all() and not torch.isfinite(grad).all()
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(37, 300), (300, 37), (64, 64)])
+def test_cuda_mask_matches_reference(shape):
+    sim, rel = rand_case(*shape, seed=38)
+    mask = rand_mask(*shape, 39)
+    mask[0] = False
+    for direction, reduction in itertools.product(DIRECTIONS, REDUCTIONS):
+        kw = dict(direction=direction, reduction=reduction)
+        l_c, g_c = masked_loss_and_grad(sim.cuda(), rel.cuda(), mask.cuda(), impl="native", **kw)
+        l_r, g_r = masked_loss_and_grad(sim, rel, mask, impl="reference", **kw)
+        torch.testing.assert_close(l_c.cpu(), l_r, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_c.cpu(), g_r, rtol=1e-5, atol=1e-7)
+
+
+@needs_cuda
+def test_cuda_graph_capture_replay():
+    sim, rel = rand_case(64, 48, 40)
+    sim, rel = sim.cuda(), rel.cuda()
+    s = sim.clone().requires_grad_(True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs asks
+        for _ in range(2):
+            s.grad = None
+            fastrank.kendall_loss(s, rel).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    s.grad = None
+    with torch.cuda.graph(g):
+        loss = fastrank.kendall_loss(s, rel)
+        loss.backward()
+    g.replay()
+    torch.cuda.synchronize()
+    l_e, g_e = loss_and_grad(sim, rel)
+    torch.testing.assert_close(loss.detach(), l_e)
+    torch.testing.assert_close(s.grad, g_e)
+
+
+@needs_cuda
+def test_cuda_compile_reduce_overhead_step():
+    sim, rel = rand_case(32, 32, 41)
+    w = torch.nn.Parameter(torch.randn(32, 32, device="cuda"))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    @torch.compile(mode="reduce-overhead")
+    def step(x, r):
+        return fastrank.kendall_loss(x @ w, r)
+
+    for _ in range(3):
+        opt.zero_grad()
+        loss = step(sim.cuda(), rel.cuda())
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+
+
+@needs_cuda
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cuda_launch_count_and_no_d2h(direction):
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = []
+    for n in (8, 256):
+        sim, rel = rand_case(n, n, 42)
+        s = sim.cuda().requires_grad_(True)
+        r = rel.cuda()
+        fastrank.kendall_loss(s, r, direction=direction).backward()  # warm-up
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fastrank.kendall_loss(s, r, direction=direction).backward()
+            torch.cuda.synchronize()
+        events = prof.events()
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+        assert not any("DtoH" in e.name or "Memcpy DtoH" in e.name for e in events)
+        counts.append(len(kernels))
+    assert counts[0] == counts[1] and counts[0] <= 6, counts
+
+
+@needs_cuda
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_cuda_half_relevance_same_dtype(dt):
+    sim, rel = rand_case(40, 30, 43)
+    l_h, g_h = loss_and_grad(sim.to(dt).cuda(), rel.to(dt).cuda(), impl="native")
+    l_r, g_r = loss_and_grad(sim.to(dt).float(), rel.to(dt).float(), impl="reference")
+    torch.testing.assert_close(l_h.cpu(), l_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_h.float().cpu(), g_r.to(dt).float(), rtol=1e-2, atol=1e-3)

@@ -5,8 +5,21 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.kendall_sw import kendall_sw_bwd, kendall_sw_fwd
+from fastrank.ops.kendall_sw import kendall_sw_backward_op, kendall_sw_op
 from fastrank.reference.kendall_sw import edge_tensors, kendall_sw_per_query, sw_edges
+
+
+def n_windows(alpha, beta, label_range):
+    return round((label_range[1] - label_range[0] - alpha) / beta)
+
+
+def sw_fwd(s, r, alpha=0.1, beta=0.05, label_range=(0.0, 1.0)):
+    """The fused op on the rows of s (i2t, reduction none): (per-query loss, idx, aux)."""
+    return kendall_sw_op(s, r, alpha, beta, label_range[1], n_windows(alpha, beta, label_range), 1, 0)
+
+
+def sw_bwd(grad_loss, s, idx, aux):
+    return kendall_sw_backward_op(grad_loss, s, idx, aux, 1, 0)
 
 CUDA = fastrank.backends()["cuda_available"]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -132,9 +145,8 @@ def test_native_matches_oracle_with_indices(params, kind):
     torch.testing.assert_close(loss, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
     # the recorded hard pairs are the oracle's (lowest index on ties, -1 when empty)
-    upper, lower = edge_tensors(alpha, beta, label_range, torch.float64, sim.device)
     for s, r in ((sim, rel), (sim.t(), rel.t())):
-        _, idx = kendall_sw_fwd(s, r, upper, lower)
+        _, idx, _ = sw_fwd(s, r, alpha, beta, label_range)
         for q in range(s.shape[0]):
             _, _, pairs = oracle_query(s[q].tolist(), r[q].tolist(), alpha, beta, label_range)
             assert idx[q].tolist() == [list(p) for p in pairs]
@@ -196,8 +208,7 @@ def test_empty_windows_give_zero():
             assert torch.equal(loss, torch.zeros(10)) and torch.equal(grad, torch.zeros(4, 6))
     sim2 = torch.tensor([[0.0, 1.0]])
     rel2 = torch.tensor([[1.0, 0.0]])
-    upper, lower = edge_tensors(0.1, 0.05, (0.0, 1.0), torch.float32, sim2.device)
-    _, idx = kendall_sw_fwd(sim2[:, :1], rel2[:, :1], upper, lower)  # one positive, no negative
+    _, idx, _ = sw_fwd(sim2[:, :1], rel2[:, :1])  # one positive, no negative
     assert (idx[..., 0] == 0).all() and (idx[..., 1] == -1).all()
 
 
@@ -208,7 +219,7 @@ def test_relevance_on_edges_membership():
     rel = torch.tensor([[upper[m], lower[m], lower[m] - 0.01]], dtype=torch.float32)
     sim = torch.tensor([[0.0, 5.0, 1.0]])
     u_t, l_t = edge_tensors(0.1, 0.05, (0.0, 1.0), torch.float32, sim.device)
-    _, idx = kendall_sw_fwd(sim, rel, u_t, l_t)
+    _, idx, _ = sw_fwd(sim, rel)
     assert idx[0, m].tolist() == [0, 2]
     ref = kendall_sw_per_query(sim, rel, u_t, l_t)
     torch.testing.assert_close(fastrank.kendall_sw_loss(sim, rel, direction="i2t", reduction="none"), ref)
@@ -217,8 +228,7 @@ def test_relevance_on_edges_membership():
 def test_ties_lowest_index():
     sim = torch.tensor([[1.0, 0.0, 0.0, 3.0, 3.0, 2.0]])
     rel = torch.tensor([[1.0, 0.95, 0.95, 0.1, 0.1, 0.0]])
-    u_t, l_t = edge_tensors(0.1, 0.05, (0.0, 1.0), torch.float32, sim.device)
-    _, idx = kendall_sw_fwd(sim, rel, u_t, l_t)
+    _, idx, _ = sw_fwd(sim, rel)
     assert idx[0, 0].tolist() == [0, 3]   # window 1 (u=1, l=0.9): P={0}, N={3,4,5}, max 3.0 at 3 and 4
     assert idx[0, 1].tolist() == [1, 3]   # window 2 (u=0.95): P={0,1,2}, min 0.0 at 1 and 2
 
@@ -269,11 +279,12 @@ def test_gradcheck_native_float64():
 def test_opcheck():
     sim, rel = rand_case(5, 7, 8)
     for s, r in ((sim, rel), (sim.t(), rel.t()), (sim.double(), rel.double())):
-        upper, lower = edge_tensors(0.1, 0.05, (0.0, 1.0), r.dtype, r.device)
-        torch.library.opcheck(kendall_sw_fwd, (s.clone().requires_grad_(True), r, upper, lower))
-        _, idx = kendall_sw_fwd(s, r, upper, lower)
-        grad_loss = torch.rand(s.shape[0], dtype=r.dtype)
-        torch.library.opcheck(kendall_sw_bwd, (grad_loss, s, idx))
+        for d, red in ((1, 0), (2, 1), (3, 2), (3, 0)):
+            args = (0.1, 0.05, 1.0, 18, d, red)
+            torch.library.opcheck(kendall_sw_op, (s.clone().requires_grad_(True), r) + args)
+            loss, idx, aux = kendall_sw_op(s, r, *args)
+            grad_loss = torch.rand(loss.shape, dtype=r.dtype)
+            torch.library.opcheck(kendall_sw_backward_op, (grad_loss, s, idx, aux, d, red))
 
 
 def test_torch_compile_fullgraph():
@@ -373,14 +384,13 @@ def test_cuda_indices_match_cpu(params):
     # (0.05, 0.0005) gives 1900 windows: several window chunks per block
     alpha, beta, label_range = params
     sim, rel = rand_case(50, 70, 13, "ties", torch.float32, alpha, beta, label_range)
-    upper, lower = edge_tensors(alpha, beta, label_range, torch.float32, sim.device)
     for s, r in ((sim, rel), (sim.t(), rel.t())):
-        l_cpu, idx_cpu = kendall_sw_fwd(s, r, upper, lower)
-        l_gpu, idx_gpu = kendall_sw_fwd(s.cuda(), r.cuda(), upper.cuda(), lower.cuda())
+        l_cpu, idx_cpu, aux_cpu = sw_fwd(s, r, alpha, beta, label_range)
+        l_gpu, idx_gpu, aux_gpu = sw_fwd(s.cuda(), r.cuda(), alpha, beta, label_range)
         assert torch.equal(idx_gpu.cpu(), idx_cpu)
         torch.testing.assert_close(l_gpu.cpu(), l_cpu)
         gl = torch.rand(s.shape[0])
-        torch.testing.assert_close(kendall_sw_bwd(gl.cuda(), s.cuda(), idx_gpu).cpu(), kendall_sw_bwd(gl, s, idx_cpu))
+        torch.testing.assert_close(sw_bwd(gl.cuda(), s.cuda(), idx_gpu, aux_gpu).cpu(), sw_bwd(gl, s, idx_cpu, aux_cpu))
 
 
 @needs_cuda
@@ -417,3 +427,108 @@ def test_cuda_low_precision_error(dt):
     assert g_k.dtype == dt
     assert err(l_k, exact_l) <= 2 * err(l_ref, exact_l) + 1e-6
     assert err(g_k, exact_g) <= 2 * err(s.grad, exact_g) + 1e-6
+
+
+# ---- (8) non-finite inputs (SPEC.md 1) and the fused call -----------------------------------
+@pytest.mark.parametrize("where", ["sim", "relevance"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_nonfinite_propagates_with_check_off(monkeypatch, where, bad, reduction):
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    sim, rel = rand_case(5, 6, 20)
+    (sim if where == "sim" else rel)[2, 3] = bad
+    for direction in DIRECTIONS:
+        loss, grad = loss_and_grad(sim, rel, direction=direction, reduction=reduction, impl="native")
+        assert not torch.isfinite(loss).all(), direction
+        assert not torch.isfinite(grad).all(), direction
+
+
+def test_edges_from_scalars_match_reference_edges():
+    # the kernels compute the edges themselves: membership must match the float64-then-
+    # rounded edges of the reference exactly, also for strides that are not exact in binary
+    for alpha, beta, lr in ((0.1, 0.05, (0.0, 1.0)), (0.07, 0.013, (-0.3, 0.9)), (0.2, 0.1, (-1.0, 1.0))):
+        for dtype in (torch.float32, torch.float64):
+            sim, rel = rand_case(7, 30, 21, "edges", dtype, alpha, beta, lr)
+            upper, lower = edge_tensors(alpha, beta, lr, dtype, sim.device)
+            _, idx, _ = sw_fwd(sim, rel, alpha, beta, lr)
+            for q in range(sim.shape[0]):
+                for mw in range(upper.shape[0]):
+                    pos = (rel[q] >= upper[mw]).nonzero().flatten()
+                    neg = (rel[q] < lower[mw]).nonzero().flatten()
+                    j = pos[sim[q, pos].argmin()].item() if len(pos) else -1
+                    k = neg[sim[q, neg].argmax()].item() if len(neg) else -1
+                    assert idx[q, mw].tolist() == [j, k]
+
+
+@needs_cuda
+def test_cuda_nonfinite_default_propagates():
+    for where in ("sim", "relevance"):
+        sim, rel = rand_case(6, 7, 22)
+        (sim if where == "sim" else rel)[1, 2] = float("nan")
+        loss, grad = loss_and_grad(sim.cuda(), rel.cuda(), impl="native")
+        assert not torch.isfinite(loss).all() and not torch.isfinite(grad).all()
+
+
+@needs_cuda
+def test_cuda_graph_capture_replay():
+    sim, rel = rand_case(64, 48, 23)
+    sim, rel = sim.cuda(), rel.cuda()
+    s = sim.clone().requires_grad_(True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            s.grad = None
+            fastrank.kendall_sw_loss(s, rel).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    s.grad = None
+    with torch.cuda.graph(g):
+        loss = fastrank.kendall_sw_loss(s, rel)
+        loss.backward()
+    g.replay()
+    torch.cuda.synchronize()
+    l_e, g_e = loss_and_grad(sim, rel)
+    torch.testing.assert_close(loss.detach(), l_e)
+    torch.testing.assert_close(s.grad, g_e)
+
+
+@needs_cuda
+def test_cuda_compile_reduce_overhead_step():
+    sim, rel = rand_case(32, 32, 24)
+    w = torch.nn.Parameter(torch.randn(32, 32, device="cuda"))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    @torch.compile(mode="reduce-overhead")
+    def step(x, r):
+        return fastrank.kendall_sw_loss(x @ w, r)
+
+    for _ in range(3):
+        opt.zero_grad()
+        loss = step(sim.cuda(), rel.cuda())
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+
+
+@needs_cuda
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cuda_launch_count_and_no_d2h(direction):
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = []
+    for n in (8, 256):
+        sim, rel = rand_case(n, n, 25)
+        s = sim.cuda().requires_grad_(True)
+        r = rel.cuda()
+        fastrank.kendall_sw_loss(s, r, direction=direction).backward()  # warm-up
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fastrank.kendall_sw_loss(s, r, direction=direction).backward()
+            torch.cuda.synchronize()
+        events = prof.events()
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+        assert not any("DtoH" in e.name or "HtoD" in e.name for e in events)
+        counts.append(len(kernels))
+    assert counts[0] == counts[1] and counts[0] <= 6, counts

@@ -59,29 +59,41 @@ PYBIND11_MODULE(_C_cuda, m) {
   });
 
   // ---- kendall (csrc/cuda/kendall.cu) ----
-  m.def("kendall_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq, i64 nc,
-                              double alpha, ptr loss, ptr dsim, ptr stream) {
+  m.def("kendall_forward", [](int dt, int rdt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,
+                              i64 ms0, i64 ms1, i64 n, i64 mm, double alpha, int dir, int red, ptr loss, ptr dsim,
+                              ptr aux, ptr stream) {
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::kendall_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
-                                          rsc, nq, nc, alpha, as<void>(loss), as<void>(dsim), as<void>(stream)),
+    check(fastrank::cuda::kendall_forward(DType(dt), DType(rdt), as<const void>(sim), ss0, ss1, as<const void>(rel),
+                                          rs0, rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, alpha, dir, red,
+                                          as<void>(loss), as<void>(dsim), as<void>(aux), as<void>(stream)),
           "kendall_forward");
+  });
+  m.def("kendall_backward", [](int dt, ptr dsim, ptr aux, ptr go, i64 n, i64 mm, int dir, int red, ptr grad,
+                               ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::kendall_backward(DType(dt), as<const void>(dsim), as<const void>(aux), as<const void>(go),
+                                           n, mm, dir, red, as<void>(grad), as<void>(stream)),
+          "kendall_backward");
   });
 
   // ---- kendall_sw (csrc/cuda/kendall_sw.cu) ----
-  m.def("kendall_sw_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
-                                 i64 nc, ptr upper, ptr lower, i64 nw, ptr loss, ptr idx, ptr stream) {
+  m.def("kendall_sw_forward", [](int dt, int rdt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, i64 n,
+                                 i64 mm, double alpha, double beta, double hi, i64 nw, int dir, int red, ptr loss,
+                                 ptr idx, ptr aux, ptr stream) {
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::kendall_sw_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
-                                             rsc, nq, nc, as<const void>(upper), as<const void>(lower), nw,
-                                             as<void>(loss), as<std::int32_t>(idx), as<void>(stream)),
+    check(fastrank::cuda::kendall_sw_forward(DType(dt), DType(rdt), as<const void>(sim), ss0, ss1,
+                                             as<const void>(rel), rs0, rs1, n, mm, alpha, beta, hi, nw, dir, red,
+                                             as<void>(loss), as<std::int32_t>(idx), as<void>(aux),
+                                             as<void>(stream)),
           "kendall_sw_forward");
   });
-  m.def("kendall_sw_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, i64 nq, i64 nc, ptr idx, i64 nw,
-                                  ptr grad_loss, ptr grad_sim, ptr stream) {
+  m.def("kendall_sw_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr idx, i64 nw, ptr aux, ptr go, i64 n,
+                                  i64 mm, int dir, int red, ptr grad, ptr stream) {
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::kendall_sw_backward(DType(dt), as<const void>(sim), ssq, ssc, nq, nc,
-                                              as<const std::int32_t>(idx), nw, as<const void>(grad_loss),
-                                              as<void>(grad_sim), as<void>(stream)),
+    check(fastrank::cuda::kendall_sw_backward(DType(dt), as<const void>(sim), ss0, ss1,
+                                              as<const std::int32_t>(idx), nw, as<const void>(aux),
+                                              as<const void>(go), n, mm, dir, red, as<void>(grad),
+                                              as<void>(stream)),
           "kendall_sw_backward");
   });
 

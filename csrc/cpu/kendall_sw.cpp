@@ -1,5 +1,9 @@
 // Kendall SW-HS loss on the CPU (SPEC.md 2.3; paper 001, Eq. 18-20).
 //
+// One call: every requested direction (t2i through the swapped strides) and the
+// reduction (cpu::reduce_queries, shared with kendall). The window edges are computed
+// here once per call, in double exactly as Python does (no FMA, no reassociation: the
+// intermediate values go through volatile), then rounded to T.
 // Sort-free, all windows of a query from its row at once. The window edges are
 // non-increasing in m, so
 //   j is a positive of window m  (r_j >= u_m)  for m >= p_j = #{m : u_m > r_j},
@@ -13,42 +17,53 @@
 // positives and bucket 0 of the negatives collect the candidates in no window).
 // argmin over P_m = prefix minimum of positive buckets 0..m; argmax over N_m = suffix
 // maximum of negative buckets m+1..n_w; both scans break ties by the lower index.
+// NaN/inf: the poison 0 * s + 0 * r of the row is added to the query's loss, and the
+// backward adds 0 * qloss to the query's gradient entries.
 // Work: O(n_c * n_w / vector width + n_c + n_w) per query. Memory plan: O(n_c + n_w)
 // scratch per thread (the row of r and s copied contiguous, the two counts, the
-// buckets); outputs loss (n_q) and idx (n_q, n_w, 2) int32.
+// buckets) plus the 2 * n_w edges per call; outputs loss, idx (n_total, n_w, 2) int32, aux.
 // Backward: per query, an integer counter per candidate (+1 as k*, -1 as j* of each
-// active window, in window order), then grad = count * grad_loss / n_w: every gradient
-// entry is written once, no atomics. OpenMP over queries (for large enough problems);
-// deterministic.
+// active window, in window order), then grad = count * w / n_w: i2t writes the rows,
+// then t2i adds to the columns (each entry owned by one thread in each pass, no
+// atomics, fixed order). OpenMP over queries (for large enough problems); deterministic.
 #include "fastrank/kendall_sw.h"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <limits>
 #include <vector>
+
+#include "fastrank/kendall.h"
 
 namespace fastrank {
 namespace cpu {
 namespace {
 
 template <typename T>
-void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, int64_t rel_sq,
-                  int64_t rel_sc, int64_t n_q, int64_t n_c, const T* upper, const T* lower, int64_t n_w,
-                  T* loss, int32_t* idx) {
+void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c, int64_t n_q,
+                    int64_t n_c, const T* upper, const T* lower, int64_t n_w, T* qloss, int32_t* idx) {
   const T inf = std::numeric_limits<T>::infinity();
   // small problems run on the calling thread: a parallel region costs more than it saves
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 15);
-#pragma omp parallel if (parallel)
-  {
-    std::vector<T> s_buf(n_c), r_buf(n_c), ps(n_w + 1), ns(n_w + 1);
-    std::vector<int32_t> p_cnt(n_c), n_cnt(n_c), pi(n_w + 1), ni(n_w + 1);
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < n_q; ++q) {
-      T* __restrict s = s_buf.data();
-      T* __restrict r = r_buf.data();
-      int32_t* __restrict pc = p_cnt.data();
-      int32_t* __restrict nc = n_cnt.data();
-      gather_row(sim + q * sim_sq, sim_sc, n_c, s);
-      gather_row(rel + q * rel_sq, rel_sc, n_c, r);
+  // per-thread scratch, two allocations: s, r (n_c), ps, ns (n_w + 1); counts, bucket indices
+  auto body = [&](int64_t q_begin, int64_t q_step) {
+    std::vector<T> t_buf(2 * n_c + 2 * (n_w + 1));
+    std::vector<int32_t> i_buf(2 * n_c + 2 * (n_w + 1));
+    T* __restrict s = t_buf.data();
+    T* __restrict r = s + n_c;
+    T* ps = r + n_c;
+    T* ns = ps + (n_w + 1);
+    int32_t* __restrict pc = i_buf.data();
+    int32_t* __restrict nc = pc + n_c;
+    int32_t* pi = nc + n_c;
+    int32_t* ni = pi + (n_w + 1);
+    for (int64_t q = q_begin; q < n_q; q += q_step) {
+      gather_row(sim + q * s_q, s_c, n_c, s);
+      gather_row(rel + q * r_q, r_c, n_c, r);
+      T poison = 0;
+#pragma omp simd reduction(+ : poison)
+      for (int64_t c = 0; c < n_c; ++c) poison += T(0) * s[c] + T(0) * r[c];
       // p_c = #{m : u_m > r_c}, n_c = #{m : l_m > r_c}
       std::fill(pc, pc + n_c, 0);
       std::fill(nc, nc + n_c, 0);
@@ -61,10 +76,10 @@ void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, in
         }
       }
       // buckets: lowest-index minimum (positives) / maximum (negatives) per entry count
-      std::fill(ps.begin(), ps.end(), inf);
-      std::fill(ns.begin(), ns.end(), -inf);
-      std::fill(pi.begin(), pi.end(), -1);
-      std::fill(ni.begin(), ni.end(), -1);
+      std::fill(ps, ps + n_w + 1, inf);
+      std::fill(ns, ns + n_w + 1, -inf);
+      std::fill(pi, pi + n_w + 1, -1);
+      std::fill(ni, ni + n_w + 1, -1);
       for (int64_t c = 0; c < n_c; ++c) {
         const T sc = s[c];
         const int32_t p = pc[c], n = nc[c], ci = static_cast<int32_t>(c);
@@ -94,51 +109,120 @@ void forward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, const T* rel, in
         out[2 * m + 1] = k;
         if (j >= 0 && k >= 0) total += std::max(ns[m + 1] - ps[m], T(0));
       }
-      loss[q] = total / static_cast<T>(n_w);
+      qloss[q] = total / static_cast<T>(n_w) + poison;
     }
+  };
+  if (!parallel) {  // no OpenMP region for small problems
+    body(0, 1);
+    return;
   }
+#pragma omp parallel
+  body(omp_get_thread_num(), omp_get_num_threads());  // static round-robin: fixed per-query work
 }
 
 template <typename T>
-void backward_impl(const T* sim, int64_t sim_sq, int64_t sim_sc, int64_t n_q, int64_t n_c,
-                   const int32_t* idx, int64_t n_w, const T* grad_loss, T* grad_sim) {
+void forward_impl(const T* sim, int64_t s0, int64_t s1, const T* rel, int64_t r0, int64_t r1, int64_t n, int64_t m,
+                  double alpha, double beta, double hi, int64_t n_w, int direction, int reduction, T* loss,
+                  int32_t* idx, T* aux) {
+  // window edges: u = hi - m * beta, l = u - alpha in double (as Python), rounded to T
+  std::vector<T> upper(n_w), lower(n_w);
+  for (int64_t w = 0; w < n_w; ++w) {
+    volatile double prod = static_cast<double>(w) * beta;  // volatile: no FMA, no reassociation
+    volatile double u = hi - prod;
+    const double uu = u;
+    const double l = uu - alpha;
+    upper[w] = static_cast<T>(uu);
+    lower[w] = static_cast<T>(l);
+  }
+  const bool i2t = direction & kI2T, t2i = direction & kT2I;
+  const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
+  int64_t off = 0, slab = 0, offs[2] = {0, 0}, counts[2] = {0, 0};
+  if (i2t) {
+    direction_pass(sim, s0, s1, rel, r0, r1, n, m, upper.data(), lower.data(), n_w, aux, idx);
+    offs[slab] = off; counts[slab] = n; off += n; ++slab;
+  }
+  if (t2i) {
+    direction_pass(sim, s1, s0, rel, r1, r0, m, n, upper.data(), lower.data(), n_w, aux + off, idx + off * n_w * 2);
+    offs[slab] = off; counts[slab] = m; off += m; ++slab;
+  }
+  std::fill(aux + n_total, aux + 2 * n_total, T(1));  // every list is valid (no masks)
+  reduce_queries(aux, n_total, static_cast<int>(slab), offs, counts, reduction, loss);
+}
+
+// One direction's share of the gradient: out[q * o_q + c * o_c] (+)= count * w_q / n_w + 0 * qloss[q].
+template <typename T>
+void backward_pass(const T* sim, int64_t s_q, int64_t s_c, int64_t n_q, int64_t n_c, const int32_t* idx,
+                   int64_t n_w, const T* qloss, const T* go, T go_scale, bool accumulate, T* out, int64_t o_q,
+                   int64_t o_c) {
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 17);
-#pragma omp parallel if (parallel)
-  {
+  auto body = [&](int64_t q_begin, int64_t q_step) {
     std::vector<int32_t> count(n_c);
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < n_q; ++q) {
-      const T* s = sim + q * sim_sq;
+    for (int64_t q = q_begin; q < n_q; q += q_step) {
+      const T* s = sim + q * s_q;
       const int32_t* w = idx + q * n_w * 2;
       std::fill(count.begin(), count.end(), 0);
       for (int64_t m = 0; m < n_w; ++m) {
         const int32_t j = w[2 * m], k = w[2 * m + 1];
-        if (j >= 0 && k >= 0 && s[k * sim_sc] > s[j * sim_sc]) { ++count[k]; --count[j]; }
+        if (j >= 0 && k >= 0 && s[k * s_c] > s[j * s_c]) { ++count[k]; --count[j]; }
       }
-      const T coef = grad_loss[q] / static_cast<T>(n_w);
-      T* out = grad_sim + q * n_c;
-      for (int64_t c = 0; c < n_c; ++c) out[c] = static_cast<T>(count[c]) * coef;
+      const T coef = (go == nullptr ? go_scale : go[q]) / static_cast<T>(n_w);
+      const T poison = T(0) * qloss[q];
+      T* o = out + q * o_q;
+      if (accumulate) {
+        for (int64_t c = 0; c < n_c; ++c) o[c * o_c] += static_cast<T>(count[c]) * coef + poison;
+      } else {
+        for (int64_t c = 0; c < n_c; ++c) o[c * o_c] = static_cast<T>(count[c]) * coef + poison;
+      }
     }
+  };
+  if (!parallel) {
+    body(0, 1);
+    return;
+  }
+#pragma omp parallel
+  body(omp_get_thread_num(), omp_get_num_threads());
+}
+
+template <typename T>
+void backward_impl(const T* sim, int64_t s0, int64_t s1, const int32_t* idx, int64_t n_w, const T* aux, const T* go,
+                   int64_t n, int64_t m, int direction, int reduction, T* grad) {
+  const bool i2t = direction & kI2T, t2i = direction & kT2I;
+  const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
+  const T* coef = aux + 2 * n_total;
+  const bool none = reduction == kNone;
+  int64_t off = 0, slab = 0;
+  if (i2t) {
+    backward_pass(sim, s0, s1, n, m, idx, n_w, aux, none ? go : nullptr, none ? T(0) : go[0] * coef[0], false,
+                  grad, m, int64_t(1));
+    off += n;
+    ++slab;
+  } else {
+    std::fill(grad, grad + n * m, T(0));
+  }
+  if (t2i) {
+    backward_pass(sim, s1, s0, m, n, idx + off * n_w * 2, n_w, aux + off, none ? go + off : nullptr,
+                  none ? T(0) : go[0] * coef[slab], true, grad, int64_t(1), m);
   }
 }
 
 }  // namespace
 
-void kendall_sw_forward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, const void* rel,
-                        int64_t rel_sq, int64_t rel_sc, int64_t n_q, int64_t n_c, const void* upper,
-                        const void* lower, int64_t n_w, void* loss, int32_t* idx) {
+void kendall_sw_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
+                        int64_t rel_s0, int64_t rel_s1, int64_t n, int64_t m, double alpha, double beta, double hi,
+                        int64_t n_w, int direction, int reduction, void* loss, int32_t* idx, void* aux) {
+  if (rel_dt != dt) throw std::invalid_argument("fastrank: CPU kendall_sw needs relevance in sim's dtype");
   FASTRANK_DISPATCH_CPU(dt, T,
-      forward_impl<T>(static_cast<const T*>(sim), sim_sq, sim_sc, static_cast<const T*>(rel), rel_sq,
-                      rel_sc, n_q, n_c, static_cast<const T*>(upper), static_cast<const T*>(lower), n_w,
-                      static_cast<T*>(loss), idx));
+      forward_impl<T>(static_cast<const T*>(sim), sim_s0, sim_s1, static_cast<const T*>(rel), rel_s0, rel_s1, n, m,
+                      alpha, beta, hi, n_w, direction, reduction, static_cast<T*>(loss), idx,
+                      static_cast<T*>(aux)));
 }
 
-void kendall_sw_backward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, int64_t n_q,
-                         int64_t n_c, const int32_t* idx, int64_t n_w, const void* grad_loss,
-                         void* grad_sim) {
+void kendall_sw_backward(DType dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const int32_t* idx, int64_t n_w,
+                         const void* aux, const void* grad_out, int64_t n, int64_t m, int direction, int reduction,
+                         void* grad) {
   FASTRANK_DISPATCH_CPU(dt, T,
-      backward_impl<T>(static_cast<const T*>(sim), sim_sq, sim_sc, n_q, n_c, idx, n_w,
-                       static_cast<const T*>(grad_loss), static_cast<T*>(grad_sim)));
+      backward_impl<T>(static_cast<const T*>(sim), sim_s0, sim_s1, idx, n_w, static_cast<const T*>(aux),
+                       static_cast<const T*>(grad_out), n, m, direction, reduction, static_cast<T*>(grad)));
 }
 
 }  // namespace cpu

@@ -1,21 +1,31 @@
-// Fused Kendall ranking loss on CUDA (SPEC.md 2.2; paper 001, Eq. 17).
+// Fused Kendall ranking loss on CUDA (SPEC.md 2.2, 2.1a; paper 001, Eq. 17).
 //
-// Tiling: one block of 256 threads per query (grid = n_q). Thread t owns candidates
-// j = t, t + 256, ... of its query; for each, the block streams the query's row (s_k,
-// r_k, r_k + a) through shared memory in chunks of kChunk candidates k, and the thread
-// accumulates, in registers, everything candidate j needs:
+// Launches: forward = 1 kernel (+ 1 one-block reduction for mean/sum), backward = 1
+// elementwise kernel, for every N and direction. No host sync, no host-device copy.
+// Forward tiling: one block of 256 threads per query; grid = n_total (the i2t rows first,
+// then the t2i columns, which read sim/relevance/mask through swapped strides). Thread t
+// owns candidates j = t, t + 256, ... of its query; for each, the block streams the
+// query's row (s_k, r_k, r_k + a) through shared memory in chunks of kChunk candidates
+// and the thread accumulates in registers everything candidate j needs:
 //   loss_j = sum_k [r_j > r_k + a] [s_k - s_j]+     (j is the upper member of the pair)
 //   cnt_j  = #{k : r_j > r_k + a}
 //   g_j    = #{k : r_k > r_j + a, s_j > s_k} - #{k : r_j > r_k + a, s_k > s_j}   (an integer)
-// so every ordered pair is looked at from both ends (each end computes only its own
-// terms): the unordered-pair trick of the CPU kernel would need a scatter to the other
-// end (atomics, or a shared-memory transpose), which costs more than the duplicated
-// compare/select work. g_j is written to dsim; a fixed-tree block reduction gives the
-// query's loss and count, then each thread divides its own dsim entries by
-// max(1, cnt). No (n_q, n_c, n_c) tensor, no floating-point atomics: bit-identical run
-// to run. Memory: dsim (n_q, n_c) (saved for the backward, which is one multiply) and
-// 3 * kChunk accumulation-type values of shared memory.
+// Every ordered pair is looked at from both ends (each end computes only its own terms;
+// the CPU's unordered-pair trick would need a scatter to the other end). Masked entries
+// (SPEC 2.1a) are loaded as r = -inf, r + a = +inf (they are in no active pair) and own
+// no j. g_j goes to the query's row (i2t) or column (t2i) of its dsim slab; fixed-tree
+// block sums give the loss, the pair count, the valid-item count and the poison
+// (sum of 0 * s + 0 * r: NaN iff a value read is NaN/inf), then each thread rescales its
+// own entries by 1 / max(1, cnt) and adds the poison. Reads sim (and relevance when it
+// has sim's dtype) in the input dtype: half / bf16 without a converted copy.
+// Memory: dsim (n_dir, n, m) in the accumulation type (saved for the backward), aux
+// (2 n_total + 2), 3 * kChunk accumulation-type values + 4 block-sum scratch arrays of
+// shared memory. No (n, m, m) tensor, no floating-point atomics: bit-identical run to run.
+// Backward: grad[e] = sum_d w_d * dsim[d, e], one thread per element (grid-stride),
+// grad_output and coef read from device memory; written in sim's dtype.
 #include <cuda_runtime.h>
+
+#include <limits>
 
 #include "fastrank/kendall.h"
 
@@ -26,75 +36,160 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kChunk = 1024;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) kendall_kernel(const T* __restrict__ sim, int64_t sq, int64_t sc,
-                                                           const acc_t<T>* __restrict__ rel, int64_t rq,
-                                                           int64_t rc, int64_t n_c, acc_t<T> alpha,
-                                                           acc_t<T>* __restrict__ loss,
-                                                           acc_t<T>* __restrict__ dsim) {
+template <typename T, typename R>
+__global__ void __launch_bounds__(kThreads) kendall_kernel(const T* __restrict__ sim, int64_t s0, int64_t s1,
+                                                           const R* __restrict__ rel, int64_t r0, int64_t r1,
+                                                           const uint8_t* __restrict__ mask, int64_t m0, int64_t m1,
+                                                           int64_t n, int64_t m, int64_t n_i2t, int64_t n_total,
+                                                           acc_t<T> alpha, acc_t<T>* __restrict__ dsim,
+                                                           acc_t<T>* __restrict__ aux,
+                                                           acc_t<T>* __restrict__ loss_none) {
   using A = acc_t<T>;
   __shared__ A s_k[kChunk];
   __shared__ A r_k[kChunk];
   __shared__ A ra_k[kChunk];
   __shared__ A scratch[kThreads];
   __shared__ long long scratch_n[kThreads];
-  const int64_t q = blockIdx.x;
-  const T* row = sim + q * sq;
-  const A* rrow = rel + q * rq;
-  A* out = dsim + q * n_c;
-  A l_sum = 0;
-  long long n_sum = 0;
+  const A inf = std::numeric_limits<A>::infinity();
+  const int64_t qg = blockIdx.x;
+  const bool t2i = qg >= n_i2t;
+  const int64_t q = t2i ? qg - n_i2t : qg;
+  const int64_t sc = t2i ? s0 : s1, rc = t2i ? r0 : r1, mc = t2i ? m0 : m1;
+  const T* row = sim + q * (t2i ? s1 : s0);
+  const R* rrow = rel + q * (t2i ? r1 : r0);
+  const uint8_t* mrow = mask == nullptr ? nullptr : mask + q * (t2i ? m1 : m0);
+  const int64_t n_c = t2i ? n : m;
+  // this query's entries of its dsim slab: element c at out[c * oc]
+  A* out = dsim + (t2i && n_i2t > 0 ? n * m : 0) + (t2i ? q : q * m);
+  const int64_t oc = t2i ? m : 1;
+  A l_sum = 0, p_sum = 0;
+  long long n_sum = 0, v_sum = 0;
   for (int64_t j0 = 0; j0 < n_c; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
-    const bool valid = j < n_c;
+    const bool valid = j < n_c && (mrow == nullptr || mrow[j * mc] != 0);
     const A s_j = valid ? load(row[j * sc]) : A(0);
-    const A r_j = valid ? rrow[j * rc] : A(0);
+    const A r_j = valid ? load(rrow[j * rc]) : A(0);
     const A ra_j = r_j + alpha;
     A l_j = 0;
     int n_j = 0, g_j = 0;
     for (int64_t c0 = 0; c0 < n_c; c0 += kChunk) {
       const int len = n_c - c0 < kChunk ? static_cast<int>(n_c - c0) : kChunk;
       for (int t = threadIdx.x; t < len; t += kThreads) {
-        s_k[t] = load(row[(c0 + t) * sc]);
-        const A r = rrow[(c0 + t) * rc];
-        r_k[t] = r;
-        ra_k[t] = r + alpha;
+        const int64_t k = c0 + t;
+        const bool in = mrow == nullptr || mrow[k * mc] != 0;
+        const A r = load(rrow[k * rc]);
+        s_k[t] = in ? load(row[k * sc]) : A(0);
+        r_k[t] = in ? r : -inf;
+        ra_k[t] = in ? r + alpha : inf;
       }
       __syncthreads();
-      for (int t = 0; t < len; ++t) {
-        const bool up = r_j > ra_k[t];    // r_j > r_k + a: pair term [s_k - s_j]+
-        const bool down = r_k[t] > ra_j;  // r_k > r_j + a: pair term [s_j - s_k]+
-        const A d = s_k[t] - s_j;
-        l_j += (up && d > A(0)) ? d : A(0);
-        n_j += up;
-        g_j += static_cast<int>(down && d < A(0)) - static_cast<int>(up && d > A(0));
+      if (valid) {
+        for (int t = 0; t < len; ++t) {
+          const bool up = r_j > ra_k[t];    // r_j > r_k + a: pair term [s_k - s_j]+
+          const bool down = r_k[t] > ra_j;  // r_k > r_j + a: pair term [s_j - s_k]+
+          const A d = s_k[t] - s_j;
+          l_j += (up && d > A(0)) ? d : A(0);
+          n_j += up;
+          g_j += static_cast<int>(down && d < A(0)) - static_cast<int>(up && d > A(0));
+        }
       }
       __syncthreads();
     }
     if (valid) {
-      out[j] = static_cast<A>(g_j);
+      out[j * oc] = static_cast<A>(g_j);
       l_sum += l_j;
       n_sum += n_j;
+      p_sum += poison(s_j) + poison(r_j);
+      v_sum += 1;
+    } else if (j < n_c) {
+      out[j * oc] = A(0);  // masked: gradient exactly 0
     }
   }
   const A total = block_sum(l_sum, scratch);
+  const A pois = block_sum(p_sum, scratch);
   const long long cnt = block_sum(n_sum, scratch_n);
+  const long long n_valid = block_sum(v_sum, scratch_n);
   const A denom = static_cast<A>(cnt > 1 ? cnt : 1);
-  for (int64_t j = threadIdx.x; j < n_c; j += kThreads) out[j] = out[j] / denom;  // own entries only
-  if (threadIdx.x == 0) loss[q] = total / denom;
+  for (int64_t j = threadIdx.x; j < n_c; j += kThreads) {  // own entries only
+    if (mrow == nullptr || mrow[j * mc] != 0) out[j * oc] = out[j * oc] / denom + pois;
+  }
+  if (threadIdx.x == 0) {
+    const A lq = total / denom + pois;
+    aux[qg] = lq;
+    aux[n_total + qg] = n_valid > 0 ? A(1) : A(0);
+    if (loss_none != nullptr) loss_none[qg] = lq;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) kendall_backward_kernel(const acc_t<T>* __restrict__ dsim,
+                                                                    const acc_t<T>* __restrict__ aux,
+                                                                    const acc_t<T>* __restrict__ go, int64_t n,
+                                                                    int64_t m, bool i2t, bool t2i, bool none,
+                                                                    T* __restrict__ grad) {
+  using A = acc_t<T>;
+  const int64_t nm = n * m;
+  const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
+  const A* coef = aux + 2 * n_total;
+  const A* d1 = dsim + (i2t ? nm : 0);
+  const A* go_t = go + (i2t ? n : 0);
+  for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < nm; e += int64_t(gridDim.x) * kThreads) {
+    const int64_t i = e / m, j = e - i * m;
+    A g = 0;
+    if (i2t) g += (none ? go[i] : go[0] * coef[0]) * dsim[e];
+    if (t2i) g += (none ? go_t[j] : go[0] * coef[i2t ? 1 : 0]) * d1[e];
+    grad[e] = store<T>(g);
+  }
+}
+
+template <typename T, typename R>
+void launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1,
+                    const uint8_t* mask, int64_t m0, int64_t m1, int64_t n, int64_t m, double alpha, int direction,
+                    int reduction, void* loss, void* dsim, void* aux, cudaStream_t st) {
+  using A = acc_t<T>;
+  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
+  const int64_t n_total = n_i2t + n_t2i;
+  A* aux_a = static_cast<A*>(aux);
+  kendall_kernel<T, R><<<static_cast<unsigned>(n_total), kThreads, 0, st>>>(
+      static_cast<const T*>(sim), s0, s1, static_cast<const R*>(rel), r0, r1, mask, m0, m1, n, m, n_i2t, n_total,
+      static_cast<A>(alpha), static_cast<A*>(dsim), aux_a, reduction == kNone ? static_cast<A*>(loss) : nullptr);
+  if (reduction != kNone) {
+    const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
+    reduce_queries_kernel<A><<<1, 256, 0, st>>>(aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
+  }
 }
 
 }  // namespace
 
-int kendall_forward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, const void* rel,
-                    int64_t rel_sq, int64_t rel_sc, int64_t n_q, int64_t n_c, double alpha, void* loss,
-                    void* dsim, void* stream) {
+int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
+                    int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
+                    int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
+                    void* aux, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
+  FASTRANK_DISPATCH_CUDA(dt, T, {
+    if (rel_same) {
+      launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0, mask_s1, n, m, alpha,
+                           direction, reduction, loss, dsim, aux, st);
+    } else {
+      launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0, mask_s1, n, m, alpha,
+                                  direction, reduction, loss, dsim, aux, st);
+    }
+    FASTRANK_CUDA_CHECK_LAUNCH();
+  });
+  return 0;
+}
+
+int kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
+                     int direction, int reduction, void* grad, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int64_t blocks64 = (n * m + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(blocks64 < 65536 ? blocks64 : 65536);
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    kendall_kernel<T><<<static_cast<unsigned>(n_q), kThreads, 0, st>>>(
-        static_cast<const T*>(sim), sim_sq, sim_sc, static_cast<const A*>(rel), rel_sq, rel_sc, n_c,
-        static_cast<A>(alpha), static_cast<A*>(loss), static_cast<A*>(dsim));
+    kendall_backward_kernel<T><<<blocks, kThreads, 0, st>>>(
+        static_cast<const A*>(dsim), static_cast<const A*>(aux), static_cast<const A*>(grad_out), n, m,
+        (direction & kI2T) != 0, (direction & kT2I) != 0, reduction == kNone, static_cast<T*>(grad));
     FASTRANK_CUDA_CHECK_LAUNCH();
   });
   return 0;

@@ -1,62 +1,122 @@
-"""kendall_loss: Python -> custom op -> kernel (SPEC.md 2.2, paper 001 Eq. 17).
+"""kendall_loss: Python -> one fused op -> kernel (SPEC.md 2.2, 2.1a; paper 001 Eq. 17).
 
-Native path: ``fastrank::kendall_fwd`` computes the per-query losses and, in the same
-pass over the pairs, the gradient row d loss[q] / d sim[q, :] (csrc/cpu/kendall.cpp,
-csrc/cuda/kendall.cu). The row is saved, so the backward is a broadcast multiply
-(grad_loss[:, None] * dsim), written in plain torch: there is no second O(C^2) pass,
-which makes forward+backward about half the work of recomputing the pairs. The op is
-registered with torch.library, so torch.compile and opcheck see a real op.
+Native path: one forward kernel call (``fastrank::kendall``) computes every requested
+direction (t2i through swapped strides) and the reduction, and, in the same pass over
+the pairs, the gradient of each per-query loss, d loss[q] / d sim (csrc/cpu/kendall.cpp,
+csrc/cuda/kendall.cu). Those rows are saved, one (N, M) slab per direction, so the
+backward (``fastrank::kendall_backward``) is one elementwise kernel that scales them by
+grad_output, read from device memory: no second O(N M^2) pass, no host sync.
+Eager calls go through an autograd.Function (the cheapest path); torch.compile traces
+the torch.library custom ops. Both call the same ``_forward`` / ``_backward``.
+Memory: sim, relevance, at most two dsim slabs and the gradient: five N x M matrices.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import has_native
-from .._reduce import per_direction
-from ..reference.kendall import kendall_per_query
-from ._launch import acc_dtype, call, kernel_dtype, mat
+from .._native import DTYPE_CODE, has_native
+from ..reference.kendall import kendall_reference
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_dtype, mask_args, mat
 
 
-@torch.library.custom_op("fastrank::kendall_fwd", mutates_args=())
-def kendall_fwd(sim: Tensor, relevance: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
-    """sim (Q, C) any strides; relevance (Q, C) (read in the accumulation dtype).
-    Returns (loss (Q,), dsim (Q, C) = d loss[q] / d sim[q, :]) in the accumulation dtype."""
-    sim = sim.to(kernel_dtype(sim))
+def _n_total(n: int, m: int, direction: int) -> int:
+    return (n if direction & 1 else 0) + (m if direction & 2 else 0)
+
+
+def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: float, direction: int,
+             reduction: int):
+    """sim in its kernel dtype, relevance in sim's dtype or the accumulation dtype, mask
+    bool or None (any strides). Returns (loss, dsim (n_dir, N, M), aux), see kendall.h."""
+    n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    relevance = relevance.to(acc)
-    q, c = sim.shape
-    loss = sim.new_empty((q,), dtype=acc)
-    dsim = sim.new_empty((q, c), dtype=acc)
-    call("kendall_forward", sim, *mat(sim), *mat(relevance), q, c, float(alpha),
-         loss.data_ptr(), dsim.data_ptr())
-    return loss, dsim
+    n_total = _n_total(n, m, direction)
+    loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
+    dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
+    aux = sim.new_empty((2 * n_total + 2,), dtype=acc)
+    call("kendall_forward", sim, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance), *mask_args(mask), n, m,
+         alpha, direction, reduction, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
+    return loss, dsim, aux
 
 
-@kendall_fwd.register_fake
-def _(sim, relevance, alpha):
+def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, dtype: torch.dtype, direction: int,
+              reduction: int) -> Tensor:
+    """d (grad_loss . loss) / d sim, contiguous, in sim's dtype ``dtype``."""
+    n, m = dsim.shape[1], dsim.shape[2]
+    go = grad_loss.to(dsim.dtype).contiguous()
+    grad = torch.empty((n, m), dtype=dtype, device=dsim.device)
+    call("kendall_backward", grad, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(), n, m, direction, reduction,
+         grad.data_ptr())
+    return grad
+
+
+@torch.library.custom_op("fastrank::kendall", mutates_args=())
+def kendall_op(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: float, direction: int,
+               reduction: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, dsim, aux) of every requested direction and the reduction, see _forward."""
+    return _forward(sim, relevance, mask, alpha, direction, reduction)
+
+
+@kendall_op.register_fake
+def _(sim, relevance, mask, alpha, direction, reduction):
+    n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    return sim.new_empty((sim.shape[0],), dtype=acc), sim.new_empty(sim.shape, dtype=acc)
+    n_total = _n_total(n, m, direction)
+    return (sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc),
+            sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc),
+            sim.new_empty((2 * n_total + 2,), dtype=acc))
+
+
+@torch.library.custom_op("fastrank::kendall_backward", mutates_args=())
+def kendall_backward_op(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim: Tensor, direction: int,
+                        reduction: int) -> Tensor:
+    """Gradient of fastrank::kendall's loss w.r.t. sim (sim is read for its shape and dtype)."""
+    return _backward(grad_loss, dsim, aux, sim.dtype, direction, reduction)
+
+
+@kendall_backward_op.register_fake
+def _(grad_loss, dsim, aux, sim, direction, reduction):
+    return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
 
 
 def _setup_context(ctx, inputs, output):
-    sim, relevance, alpha = inputs
-    ctx.save_for_backward(output[1])
-    ctx.sim_dtype = sim.dtype
+    sim, _, _, _, direction, reduction = inputs
+    ctx.save_for_backward(output[1], output[2], sim)
+    ctx.codes = (direction, reduction)
 
 
-def _backward(ctx, grad_loss, grad_dsim):
-    (dsim,) = ctx.saved_tensors
-    grad = grad_loss.to(dsim.dtype).unsqueeze(1) * dsim
-    return grad.to(ctx.sim_dtype), None, None
+def _op_backward(ctx, grad_loss, grad_dsim, grad_aux):
+    dsim, aux, sim = ctx.saved_tensors
+    return kendall_backward_op(grad_loss, dsim, aux, sim, *ctx.codes), None, None, None, None, None
 
 
-torch.library.register_autograd("fastrank::kendall_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("fastrank::kendall", _op_backward, setup_context=_setup_context)
+
+
+class _KendallFunction(torch.autograd.Function):
+    """Eager path: the same kernels, without the custom-op dispatch."""
+
+    @staticmethod
+    def forward(ctx, sim, relevance, mask, alpha, direction, reduction):
+        loss, dsim, aux = _forward(sim, relevance, mask, alpha, direction, reduction)
+        ctx.dsim, ctx.aux = dsim, aux  # not inputs or outputs: plain attributes
+        ctx.meta = (sim.dtype, direction, reduction)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        return _backward(grad_loss, ctx.dsim, ctx.aux, *ctx.meta), None, None, None, None, None
+
+
+def _compiled(sim, relevance, mask, alpha, direction, reduction):
+    return torch.ops.fastrank.kendall(sim, relevance, mask, alpha, direction, reduction)[0]
 
 
 def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: str = "both",
-                 reduction: str = "mean", impl: str = "auto") -> Tensor:
+                 reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
     """Kendall ranking loss (SPEC.md 2.2; paper 001, Eq. 17), the full pairwise form.
 
     Per query: sum over pairs (j, k) with r_j > r_k + alpha of [s_k - s_j]+, divided by
@@ -69,29 +129,39 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
         direction: "i2t", "t2i" or "both" (sum of the two).
         reduction: "mean", "sum" or "none".
         impl: "auto", "native" or "reference".
+        mask: optional bool (N, M), True = the entry is in the list (SPEC.md 2.1a): row
+            i's list for i2t, column j's for t2i. A masked entry takes part in no pair and
+            gets gradient 0; a list with no valid item has loss 0; "mean" averages over
+            the lists with at least one valid item (0 if none). None = every entry.
     Returns:
         a scalar, or (N,) / (M,) / (N + M,) per-query losses for reduction="none";
         in the accumulation dtype (float32, or float64 for float64 sim).
+    NaN or inf in sim or relevance: ValueError on CPU by default (SPEC.md 1); with the
+    check off (CUDA default) the loss and gradient come back non-finite.
     """
     V.check_sim(sim)
     V.check_relevance(relevance, sim)
+    mask = V.check_mask(mask, sim)
     alpha = V.check_nonnegative(alpha, "alpha")
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
     acc = acc_dtype(sim.dtype)
-    relevance = relevance.detach().to(acc)
+    relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
-        def per_query(s, r):
-            return kendall_per_query(s.to(acc), r, alpha)
-    else:
-        def per_query(s, r):
-            return kendall_fwd(s, r, alpha)[0]
-    return per_direction(direction, reduction, per_query, sim, relevance)
+        return kendall_reference(sim.to(acc), relevance.to(acc), alpha, direction, reduction, mask)
+    kd = kernel_dtype(sim)
+    if kd != sim.dtype:  # half on the CPU: upcast (autograd casts the gradient back)
+        sim = sim.to(kd)
+    if relevance.dtype != sim.dtype and relevance.dtype != acc:
+        relevance = relevance.to(acc)
+    return apply(_KendallFunction, _compiled, sim, relevance, mask, alpha, DIRECTION_CODE[direction],
+                 REDUCTION_CODE[reduction])
 
 
 class KendallLoss(torch.nn.Module):
-    """Module form of :func:`fastrank.kendall_loss`: ``loss = KendallLoss()(sim, relevance)``."""
+    """Module form of :func:`fastrank.kendall_loss`: ``loss = KendallLoss()(sim, relevance)``
+    (or ``(sim, relevance, mask)`` for lists of different lengths)."""
 
     def __init__(self, alpha: float = 0.1, direction: str = "both", reduction: str = "mean",
                  impl: str = "auto"):
@@ -101,8 +171,8 @@ class KendallLoss(torch.nn.Module):
         self.reduction = V.check_reduction(reduction)
         self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, relevance: Tensor) -> Tensor:
-        return kendall_loss(sim, relevance, self.alpha, self.direction, self.reduction, self.impl)
+    def forward(self, sim: Tensor, relevance: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return kendall_loss(sim, relevance, self.alpha, self.direction, self.reduction, self.impl, mask)
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, direction={self.direction!r}, reduction={self.reduction!r}"

@@ -1,11 +1,15 @@
-"""kendall_sw_loss: Python -> custom ops -> kernels (SPEC.md 2.3, paper 001 Eq. 18-20).
+"""kendall_sw_loss: Python -> one fused op -> kernels (SPEC.md 2.3, paper 001 Eq. 18-20).
 
-Native path: ``fastrank::kendall_sw_fwd`` finds, for every query and window, the hard
-pair (j*, k*) in one pass over the query's row and returns the per-query losses and
-those indices (int32, -1 for an empty set); ``fastrank::kendall_sw_bwd`` scatters the
-sparse gradient from the indices (csrc/cpu/kendall_sw.cpp, csrc/cuda/kendall_sw.cu).
-The window edges are computed once in float64 and rounded to the relevance dtype by
-fastrank.reference.kendall_sw.edge_tensors, for both the kernels and the reference.
+Native path: one forward kernel call (``fastrank::kendall_sw``) finds, for every query
+of every requested direction (t2i through swapped strides) and every window, the hard
+pair (j*, k*) in one pass over the query's row, and reduces the per-query losses; it
+returns the loss, those indices (int32, -1 for an empty set) and a small aux buffer
+(per-query losses, reduction coefficients). ``fastrank::kendall_sw_backward`` scatters
+the sparse gradient from the indices, scaling by grad_output read from device memory
+(csrc/cpu/kendall_sw.cpp, csrc/cuda/kendall_sw.cu). The window edges are computed by the
+kernels from (alpha, beta, hi, M_w) passed as scalars, in float64 exactly as
+fastrank.reference.kendall_sw.sw_edges does, then rounded to the relevance dtype: no
+tensor is built or copied per call, so the op can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -13,73 +17,108 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import has_native
+from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
-from ._launch import acc_dtype, call, kernel_dtype, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_dtype, mat
 
 _INT32_MAX = 2**31 - 1
 
 
-@torch.library.custom_op("fastrank::kendall_sw_fwd", mutates_args=())
-def kendall_sw_fwd(sim: Tensor, relevance: Tensor, upper: Tensor, lower: Tensor) -> tuple[Tensor, Tensor]:
-    """sim (Q, C) any strides; relevance (Q, C); upper, lower (M_w,) window edges, all
-    read in the accumulation dtype. Returns (loss (Q,) in the accumulation dtype,
-    idx (Q, M_w, 2) int32 = (j*, k*) per window, -1 for an empty set)."""
-    sim = sim.to(kernel_dtype(sim))
+def _n_total(n: int, m: int, direction: int) -> int:
+    return (n if direction & 1 else 0) + (m if direction & 2 else 0)
+
+
+def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
+             reduction: int):
+    """sim in its kernel dtype, relevance in sim's dtype or the accumulation dtype (any
+    strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
+    n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    relevance = relevance.to(acc)
-    upper = upper.to(acc).contiguous()
-    lower = lower.to(acc).contiguous()
-    q, c = sim.shape
-    n_w = upper.shape[0]
-    loss = sim.new_empty((q,), dtype=acc)
-    idx = torch.empty((q, n_w, 2), dtype=torch.int32, device=sim.device)
-    call("kendall_sw_forward", sim, *mat(sim), *mat(relevance), q, c, upper.data_ptr(),
-         lower.data_ptr(), n_w, loss.data_ptr(), idx.data_ptr())
-    return loss, idx
+    n_total = _n_total(n, m, direction)
+    loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
+    idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
+    aux = sim.new_empty((2 * n_total + 2,), dtype=acc)
+    call("kendall_sw_forward", sim, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance), n, m, alpha, beta, hi,
+         n_w, direction, reduction, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
+    return loss, idx, aux
 
 
-@kendall_sw_fwd.register_fake
-def _(sim, relevance, upper, lower):
-    q = sim.shape[0]
-    return (sim.new_empty((q,), dtype=acc_dtype(sim.dtype)),
-            torch.empty((q, upper.shape[0], 2), dtype=torch.int32, device=sim.device))
+def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, direction: int, reduction: int) -> Tensor:
+    """d (grad_loss . loss) / d sim, contiguous, in sim's dtype."""
+    n, m = sim.shape
+    go = grad_loss.to(aux.dtype).contiguous()
+    grad = torch.empty((n, m), dtype=sim.dtype, device=sim.device)
+    call("kendall_sw_backward", sim, *mat(sim), idx.data_ptr(), idx.shape[1], aux.data_ptr(), go.data_ptr(), n, m,
+         direction, reduction, grad.data_ptr())
+    return grad
 
 
-@torch.library.custom_op("fastrank::kendall_sw_bwd", mutates_args=())
-def kendall_sw_bwd(grad_loss: Tensor, sim: Tensor, idx: Tensor) -> Tensor:
-    """d sum_q(grad_loss[q] * loss[q]) / d sim, contiguous, in sim's dtype."""
-    out_dtype = sim.dtype
-    sim = sim.to(kernel_dtype(sim))
-    q, c = sim.shape
-    grad_loss = grad_loss.to(acc_dtype(sim.dtype)).contiguous()
-    idx = idx.contiguous()
-    grad = torch.empty((q, c), dtype=sim.dtype, device=sim.device)
-    call("kendall_sw_backward", sim, *mat(sim), q, c, idx.data_ptr(), idx.shape[1],
-         grad_loss.data_ptr(), grad.data_ptr())
-    return grad.to(out_dtype)
+@torch.library.custom_op("fastrank::kendall_sw", mutates_args=())
+def kendall_sw_op(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
+                  reduction: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, idx, aux) of every requested direction and the reduction, see _forward."""
+    return _forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction)
 
 
-@kendall_sw_bwd.register_fake
-def _(grad_loss, sim, idx):
+@kendall_sw_op.register_fake
+def _(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
+    n, m = sim.shape
+    acc = acc_dtype(sim.dtype)
+    n_total = _n_total(n, m, direction)
+    return (sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc),
+            torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device),
+            sim.new_empty((2 * n_total + 2,), dtype=acc))
+
+
+@torch.library.custom_op("fastrank::kendall_sw_backward", mutates_args=())
+def kendall_sw_backward_op(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, direction: int,
+                           reduction: int) -> Tensor:
+    """Gradient of fastrank::kendall_sw's loss w.r.t. sim."""
+    return _backward(grad_loss, sim, idx, aux, direction, reduction)
+
+
+@kendall_sw_backward_op.register_fake
+def _(grad_loss, sim, idx, aux, direction, reduction):
     return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
 
 
 def _setup_context(ctx, inputs, output):
-    sim, relevance, upper, lower = inputs
-    ctx.save_for_backward(sim, output[1])
+    sim = inputs[0]
+    ctx.save_for_backward(sim, output[1], output[2])
+    ctx.codes = (inputs[6], inputs[7])
 
 
-def _backward(ctx, grad_loss, grad_idx):
-    sim, idx = ctx.saved_tensors
-    return kendall_sw_bwd(grad_loss, sim, idx), None, None, None
+def _op_backward(ctx, grad_loss, grad_idx, grad_aux):
+    sim, idx, aux = ctx.saved_tensors
+    return (kendall_sw_backward_op(grad_loss, sim, idx, aux, *ctx.codes),) + (None,) * 7
 
 
-torch.library.register_autograd("fastrank::kendall_sw_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("fastrank::kendall_sw", _op_backward, setup_context=_setup_context)
 
 
-def _check_windows(alpha: float, beta: float, label_range) -> None:
+class _KendallSWFunction(torch.autograd.Function):
+    """Eager path: the same kernels, without the custom-op dispatch."""
+
+    @staticmethod
+    def forward(ctx, sim, relevance, alpha, beta, hi, n_w, direction, reduction):
+        loss, idx, aux = _forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction)
+        ctx.save_for_backward(sim)
+        ctx.idx, ctx.aux = idx, aux  # not inputs or outputs: plain attributes
+        ctx.codes = (direction, reduction)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (sim,) = ctx.saved_tensors
+        return (_backward(grad_loss, sim, ctx.idx, ctx.aux, *ctx.codes),) + (None,) * 7
+
+
+def _compiled(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
+    return torch.ops.fastrank.kendall_sw(sim, relevance, alpha, beta, hi, n_w, direction, reduction)[0]
+
+
+def _check_windows(alpha: float, beta: float, label_range) -> int:
     lo, hi = label_range
     n_w = round((hi - lo - alpha) / beta)
     if n_w < 1:
@@ -89,6 +128,7 @@ def _check_windows(alpha: float, beta: float, label_range) -> None:
             f"(alpha must be below hi - lo, and beta small enough)")
     if n_w > _INT32_MAX:
         raise ValueError(f"beta={beta} gives {n_w} windows, more than the kernels index")
+    return n_w
 
 
 def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: float = 0.05,
@@ -122,24 +162,28 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     alpha = V.check_nonnegative(alpha, "alpha")
     beta = V.check_positive(beta, "beta")
     label_range = V.check_interval(label_range, "label_range")
-    _check_windows(alpha, beta, label_range)
+    n_w = _check_windows(alpha, beta, label_range)
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
     acc = acc_dtype(sim.dtype)
-    relevance = relevance.detach().to(acc)
-    upper, lower = edge_tensors(alpha, beta, label_range, acc, sim.device)
+    relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_sw_loss"):
-        def per_query(s, r):
-            return kendall_sw_per_query(s.to(acc), r, upper, lower)
-    else:
-        if max(sim.shape) > _INT32_MAX:
-            raise ValueError(f"sim has {max(sim.shape)} candidates per query; the native kernels "
-                             f"index at most {_INT32_MAX} (use impl='reference')")
+        upper, lower = edge_tensors(alpha, beta, label_range, acc, sim.device)
 
         def per_query(s, r):
-            return kendall_sw_fwd(s, r, upper, lower)[0]
-    return per_direction(direction, reduction, per_query, sim, relevance)
+            return kendall_sw_per_query(s.to(acc), r, upper, lower)
+        return per_direction(direction, reduction, per_query, sim, relevance.to(acc))
+    if max(sim.shape) > _INT32_MAX:
+        raise ValueError(f"sim has {max(sim.shape)} candidates per query; the native kernels "
+                         f"index at most {_INT32_MAX} (use impl='reference')")
+    kd = kernel_dtype(sim)
+    if kd != sim.dtype:  # half on the CPU: upcast (autograd casts the gradient back)
+        sim = sim.to(kd)
+    if relevance.dtype != sim.dtype and relevance.dtype != acc:
+        relevance = relevance.to(acc)
+    return apply(_KendallSWFunction, _compiled, sim, relevance, alpha, beta, label_range[1], n_w,
+                 DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
 class KendallSWLoss(torch.nn.Module):

@@ -1,20 +1,27 @@
-// Kendall ranking loss kernels (SPEC.md 2.2; paper 001, Eq. 17): entry points.
+// Kendall ranking loss kernels (SPEC.md 2.2 and 2.1a; paper 001, Eq. 17): entry points.
 //
-// Each query is one row of a strided (n_q, n_c) matrix: element (q, c) of `sim` is
-// sim[q * sim_sq + c * sim_sc] (strides in elements), so the t2i direction is the same
-// kernel over the transposed strides. `rel`, `loss` and `dsim` are in the accumulation
-// type (float, or double for float64 inputs); `dsim` is written contiguous (n_q, n_c).
+// One forward call computes every requested direction and the reduction. sim, rel and
+// mask are (n, m) strided matrices (strides in elements): the i2t queries are the rows,
+// the t2i queries the columns, read through the swapped strides (no transposed copy).
+// `mask` is null or a bool matrix read as bytes (1 = the entry is in the list).
+// `rel_dt` is rel's dtype: the same as sim's, or the accumulation type (float / double).
+// Queries: slab 0 = i2t (if direction & kI2T), then t2i; n_total = sum of their counts.
 //
-//   forward: with a = alpha, pairs (j, k) of the row with r_j > r_k + a ("active"),
-//     cnt[q]  = #{active (j, k)}
-//     loss[q] = sum_{active (j, k)} [s_k - s_j]+ / max(1, cnt[q])
-//     dsim[q, m] = d loss[q] / d s_m
-//                = ( #{active (j, m): s_m > s_j} - #{active (m, k): s_k > s_m} ) / max(1, cnt[q])
-//   (subgradient 0 at s_k == s_j, like torch.relu). The gradient is computed in the same
-//   pass as the loss and saved: the backward is grad_sim = grad_loss[:, None] * dsim.
+//   per query, on its valid entries, with a = alpha rounded to the accumulation type:
+//     active (j, k): r_j > r_k + a   (r_k + a rounded to the accumulation type)
+//     cnt  = #{active (j, k)}
+//     loss = sum_{active} [s_k - s_j]+ / max(1, cnt)   (+ poison: NaN/inf in s or r -> NaN)
+//     dsim[c] = d loss / d s_c (0 for masked entries; subgradient 0 at s_k == s_j)
 //
-// `r_j > r_k + a` is evaluated exactly as the reference does: r_k + a rounded to the
-// accumulation type (a itself rounded to it first), then compared.
+// Outputs (all in the accumulation type A, allocated by the caller):
+//   dsim (n_dir, n, m) contiguous: slab d holds d loss[q] / d sim for its direction;
+//   aux  (2 * n_total + 2): qloss[n_total], qvalid[n_total] (1 if the list has a valid
+//        item), coef[2] (per slab: 1 / max(1, #valid lists) for mean, 1 for sum/none);
+//   loss: (n_total,) for reduction none, else one value (mean over the valid lists of
+//        each direction, directions summed; or the sum).
+// Backward: grad (n, m) contiguous in sim's dtype:
+//   grad[i, j] = sum_d w_d * dsim[d, i, j],  w_d = grad_out[off_d + q_d(i, j)] (none) or
+//   grad_out[0] * coef[d] (mean / sum); grad_out is read from device memory.
 #pragma once
 #include <cstdint>
 
@@ -22,15 +29,79 @@
 
 namespace fastrank {
 namespace cpu {
-void kendall_forward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, const void* rel,
-                     int64_t rel_sq, int64_t rel_sc, int64_t n_q, int64_t n_c, double alpha, void* loss,
-                     void* dsim);
+// The reduction of a fused loss call on the CPU, shared by kendall and kendall_sw:
+// aux = [qloss(n_total), qvalid(n_total), coef(2)] with the queries of slab d at
+// [offs[d], offs[d] + counts[d]). Writes coef (1 / max(1, #valid) for mean, else 1) and
+// loss (the n_total per-query losses for none, else one value). Serial, in query order,
+// summed in double: deterministic.
+template <typename T>
+inline void reduce_queries(T* aux, int64_t n_total, int n_slabs, const int64_t* offs, const int64_t* counts,
+                           int reduction, T* loss) {
+  const T* qloss = aux;
+  const T* qvalid = aux + n_total;
+  T* coef = aux + 2 * n_total;
+  coef[0] = coef[1] = T(1);
+  double result = 0;
+  for (int d = 0; d < n_slabs; ++d) {
+    double sum = 0, valid = 0;
+    for (int64_t q = offs[d]; q < offs[d] + counts[d]; ++q) { sum += qloss[q]; valid += qvalid[q]; }
+    if (reduction == kMean) {
+      const double c = 1.0 / (valid > 1.0 ? valid : 1.0);
+      coef[d] = static_cast<T>(c);
+      result += sum * c;
+    } else {
+      result += sum;
+    }
+  }
+  if (reduction == kNone) {
+    for (int64_t q = 0; q < n_total; ++q) loss[q] = qloss[q];
+  } else {
+    loss[0] = static_cast<T>(result);
+  }
+}
+
+void kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
+                     int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
+                     int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
+                     void* aux);
+void kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
+                      int direction, int reduction, void* grad);
 }  // namespace cpu
 
 namespace cuda {
-// Returns a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-int kendall_forward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, const void* rel,
-                    int64_t rel_sq, int64_t rel_sc, int64_t n_q, int64_t n_c, double alpha, void* loss,
-                    void* dsim, void* stream);
+// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
+int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
+                    int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
+                    int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
+                    void* aux, void* stream);
+int kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
+                     int direction, int reduction, void* grad, void* stream);
+
+#if defined(__CUDACC__)
+// The reduction of a fused loss call on CUDA, shared by kendall and kendall_sw: one block
+// (a power-of-two number of threads) after the per-query kernel. aux as for the CPU
+// (qloss, qvalid, coef); slab 0 has n0 queries at 0, slab 1 n1 queries at n0 (n1 = 0 for
+// one direction). Writes coef and loss[0]. Fixed summation order: deterministic.
+template <typename A>
+__global__ void reduce_queries_kernel(A* __restrict__ aux, int64_t n_total, int64_t n0, int64_t n1, int reduction,
+                                      A* __restrict__ loss) {
+  __shared__ A scratch[256];
+  const A* qloss = aux;
+  const A* qvalid = aux + n_total;
+  A* coef = aux + 2 * n_total;
+  A result = 0;
+  for (int d = 0; d < 2; ++d) {
+    const int64_t off = d == 0 ? 0 : n0, cnt = d == 0 ? n0 : n1;
+    A sum = 0, valid = 0;
+    for (int64_t q = off + threadIdx.x; q < off + cnt; q += blockDim.x) { sum += qloss[q]; valid += qvalid[q]; }
+    sum = block_sum(sum, scratch);
+    valid = block_sum(valid, scratch);
+    const A c = reduction == kMean ? A(1) / (valid > A(1) ? valid : A(1)) : A(1);
+    if (threadIdx.x == 0) coef[d] = c;
+    if (cnt > 0) result += reduction == kMean ? sum * c : sum;
+  }
+  if (threadIdx.x == 0) loss[0] = result;
+}
+#endif
 }  // namespace cuda
 }  // namespace fastrank
