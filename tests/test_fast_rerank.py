@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.fast_rerank import fast_rerank_bwd, fast_rerank_fwd, fast_rerank_lse
+from fastrank.ops.fast_rerank import fast_rerank_backward_op, fast_rerank_lse, fast_rerank_op
 from fastrank.reference.fast_rerank import fast_rerank as reference
 
 CUDA = fastrank.backends()["cuda_available"]
@@ -199,14 +199,35 @@ def test_gradcheck_native(n, m, gamma, lam):
 def test_gradcheck_backward_op_inputs_none():
     # the backward op with one upstream gradient absent equals the full formula with zeros
     sim = _sim(5, 6, 0.3, seed=40)
-    i2t, t2i, cl, rl = fast_rerank_fwd(sim, 2.0, 3.0, 1.5, 0.5)
+    h = (2.0, 3.0, 1.5, 0.5)
+    i2t, t2i, stats = fast_rerank_op(sim, *h)
     g = torch.randn(5, 6, generator=_gen(41), dtype=torch.float64)
     z = torch.zeros_like(g)
-    torch.testing.assert_close(fast_rerank_bwd(g, None, sim, cl, rl, 2.0, 3.0, 1.5, 0.5),
-                               fast_rerank_bwd(g, z, sim, cl, rl, 2.0, 3.0, 1.5, 0.5))
-    torch.testing.assert_close(fast_rerank_bwd(None, g, sim, cl, rl, 2.0, 3.0, 1.5, 0.5),
-                               fast_rerank_bwd(z, g, sim, cl, rl, 2.0, 3.0, 1.5, 0.5))
-    assert fast_rerank_bwd(None, None, sim, cl, rl, 2.0, 3.0, 1.5, 0.5).abs().max() == 0
+    torch.testing.assert_close(fast_rerank_backward_op(g, None, sim, stats, *h),
+                               fast_rerank_backward_op(g, z, sim, stats, *h))
+    torch.testing.assert_close(fast_rerank_backward_op(None, g, sim, stats, *h),
+                               fast_rerank_backward_op(z, g, sim, stats, *h))
+    assert fast_rerank_backward_op(None, None, sim, stats, *h).abs().max() == 0
+
+
+@needs_cpu_native
+def test_forward_op_statistics_and_eager_equals_op():
+    # stats = (col_lse, row_lse); the eager autograd.Function and the custom op agree bit for bit
+    sim = _sim(7, 11, 0.4, seed=42)
+    h = (2.0, 3.0, 1.5, 0.5)
+    i2t, t2i, stats = fast_rerank_op(sim, *h)
+    assert stats.shape == (11 + 7,) and stats.dtype == torch.float64
+    torch.testing.assert_close(stats[:11], torch.logsumexp(2.0 * sim, 0), rtol=1e-13, atol=1e-12)
+    torch.testing.assert_close(stats[11:], torch.logsumexp(1.5 * sim, 1), rtol=1e-13, atol=1e-12)
+    x1 = sim.clone().requires_grad_()
+    a1, b1 = fastrank.fast_rerank(x1, (2.0, 3.0), (1.5, 0.5), impl="native")
+    assert torch.equal(a1.detach(), i2t) and torch.equal(b1.detach(), t2i)
+    w = torch.randn(7, 11, generator=_gen(43), dtype=torch.float64)
+    ((a1 * w).sum() + (b1 * w.t().contiguous().t()).sum()).backward()
+    x2 = sim.clone().requires_grad_()
+    a2, b2, _ = fast_rerank_op(x2, *h)
+    ((a2 * w).sum() + (b2 * w).sum()).backward()
+    assert torch.equal(x1.grad, x2.grad)
 
 
 # ---- (4) torch.compile and opcheck -------------------------------------------------------------
@@ -233,12 +254,14 @@ def test_compile_fullgraph():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_opcheck(dtype):
     sim = _sim(6, 9, 0.5, seed=51, dtype=dtype)
-    torch.library.opcheck(fast_rerank_fwd, (sim.clone().requires_grad_(), 25.0, 24.0, 20.0, 21.0))
+    h = (25.0, 24.0, 20.0, 21.0)
+    torch.library.opcheck(fast_rerank_op, (sim.clone().requires_grad_(), *h))
+    torch.library.opcheck(fast_rerank_op, (sim.t().contiguous().t().requires_grad_(), *h))
     torch.library.opcheck(fast_rerank_lse, (sim, 25.0, 20.0))
-    _, _, cl, rl = fast_rerank_fwd(sim, 25.0, 24.0, 20.0, 21.0)
+    _, _, stats = fast_rerank_op(sim, *h)
     g = torch.randn(6, 9, generator=_gen(52), dtype=torch.float64).to(dtype)
-    torch.library.opcheck(fast_rerank_bwd, (g, g.t().contiguous().t(), sim, cl, rl, 25.0, 24.0, 20.0, 21.0))
-    torch.library.opcheck(fast_rerank_bwd, (None, g, sim, cl, rl, 25.0, 24.0, 20.0, 21.0))
+    torch.library.opcheck(fast_rerank_backward_op, (g, g.t().contiguous().t(), sim, stats, *h))
+    torch.library.opcheck(fast_rerank_backward_op, (None, g, sim, stats, *h))
 
 
 # ---- (5) bad input -------------------------------------------------------------------------------
