@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace fastrank {
@@ -111,7 +112,10 @@ void lse_pass(const T* sim, int64_t sr, int64_t sc, const Grid& g, T g1, T l1, T
   T* pc_s = ws + g.R * m;      //                sum of exp(g1 * s - max)
   T* pr_m = ws + 2 * g.R * m;  // [column band][i]: row max of l1 * s over the band's columns
   T* pr_s = pr_m + g.C * n;    //                   sum of exp(l1 * s - max)
-  std::vector<T> buf_v(kSub * kCB), cm_v(kCB), cs_v(kCB), tmax_v(kCB);
+  // per-thread buffers sized to the problem (a small call must not zero 64 KiB): the strip
+  // buffer only for strided input
+  const int64_t wmax = std::min(kCB, g.wb);
+  std::vector<T> buf_v(sc == 1 ? 0 : kSub * wmax), cm_v(wmax), cs_v(wmax), tmax_v(wmax);
   T* __restrict buf = buf_v.data();
   T* __restrict cm = cm_v.data();
   T* __restrict cs = cs_v.data();
@@ -243,7 +247,8 @@ void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, c
   advise_huge_pages(grad, sizeof(T) * static_cast<size_t>(n * m));
 #pragma omp parallel if (g.parallel())
   {
-    std::vector<T> buf_v(kSub * kCB), acc_v(kCB);
+    const int64_t wmax = std::min(kCB, g.wb);
+    std::vector<T> buf_v((H1 && g1c != 1) || (H2 && g2c != 1) ? kSub * wmax : 0), acc_v(H1 ? wmax : 0);
     T* __restrict buf = buf_v.data();
     T* __restrict acc = acc_v.data();
     // pass 1: column sums of G1, row sums of G2, band partials
@@ -335,19 +340,32 @@ void backward_dispatch(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t 
                                    grad);  // zeros (NaN where sim is not finite)
 }
 
-}  // namespace
-
-int64_t fast_rerank_workspace(int64_t n, int64_t m) {
+int64_t workspace_size(int64_t n, int64_t m) {
   const Grid g(n, m);
   return 2 * (g.R * m + g.C * n);  // >= backward's R*m + C*n + m + n; <= 16 (n + m)
 }
+
+// The caller's workspace, or (workspace == nullptr) one allocated here for the call: on the
+// CPU that spares the Python side an allocation and a size query per pass.
+template <typename T> struct Workspace {
+  std::unique_ptr<T[]> own;
+  T* p;
+  Workspace(void* given, int64_t n, int64_t m)
+      : own(given ? nullptr : new T[static_cast<size_t>(workspace_size(n, m))]),
+        p(given ? static_cast<T*>(given) : own.get()) {}
+};
+
+}  // namespace
+
+int64_t fast_rerank_workspace(int64_t n, int64_t m) { return workspace_size(n, m); }
 
 bool fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
                      double g1, double l1, void* workspace, void* col_lse, void* row_lse) {
   bool ok = true;
   FASTRANK_DISPATCH_CPU(dt, T,
+      Workspace<T> ws(workspace, n, m);
       ok = lse_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1), static_cast<T>(l1),
-                       static_cast<T*>(workspace), static_cast<T*>(col_lse), static_cast<T*>(row_lse)));
+                       ws.p, static_cast<T*>(col_lse), static_cast<T*>(row_lse)));
   return ok;
 }
 
@@ -356,9 +374,10 @@ bool fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_
                          void* row_lse, void* i2t, void* t2i) {
   bool ok = true;
   FASTRANK_DISPATCH_CPU(dt, T,
+      Workspace<T> ws(workspace, n, m);
       ok = forward_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1),
                            static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2),
-                           static_cast<T*>(workspace), static_cast<T*>(col_lse), static_cast<T*>(row_lse),
+                           ws.p, static_cast<T*>(col_lse), static_cast<T*>(row_lse),
                            static_cast<T*>(i2t), static_cast<T*>(t2i)));
   return ok;
 }
@@ -368,11 +387,12 @@ void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim
                           int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
                           double l1, double l2, void* workspace, void* grad_sim) {
   FASTRANK_DISPATCH_CPU(dt, T,
+      Workspace<T> ws(workspace, n, m);
       backward_dispatch<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<const T*>(g_i2t),
                            gi_sr, gi_sc, static_cast<const T*>(g_t2i), gt_sr, gt_sc,
                            static_cast<const T*>(col_lse), static_cast<const T*>(row_lse), static_cast<T>(g1),
-                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2),
-                           static_cast<T*>(workspace), static_cast<T*>(grad_sim)));
+                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2), ws.p,
+                           static_cast<T*>(grad_sim)));
 }
 
 }  // namespace cpu

@@ -61,9 +61,17 @@ def _run(name: str, x: Tensor, *args) -> bool:
     return True
 
 
-def _workspace(x: Tensor, n: int, m: int, acc: torch.dtype) -> Tensor:
-    """Partial statistics of the kernels over a fixed grid of bands: O(N + M) values."""
+def _workspace(x: Tensor, n: int, m: int, acc: torch.dtype) -> Optional[Tensor]:
+    """Partial statistics of the kernels over a fixed grid of bands: O(N + M) values. CUDA:
+    allocated here by torch (stream-ordered, capturable); CPU: None, the kernel allocates
+    its own for the call (one allocation and size query less per pass)."""
+    if x.device.type == "cpu":
+        return None
     return torch.empty((int(module_for(x).fast_rerank_workspace(n, m)),), dtype=acc, device=x.device)
+
+
+def _ptr(t: Optional[Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _forward(sim: Tensor, g1: float, g2: float, l1: float, l2: float):
@@ -79,7 +87,7 @@ def _forward(sim: Tensor, g1: float, g2: float, l1: float, l2: float):
     ws = _workspace(x, n, m, acc)  # held in a variable: it must outlive the call
     sp = stats.data_ptr()
     ok = _run("fast_rerank_forward", x, x.data_ptr(), x.stride(0), x.stride(1), n, m, g1, g2, l1, l2,
-              ws.data_ptr(), sp, sp + m * stats.element_size(), i2t.data_ptr(), t2i.data_ptr())
+              _ptr(ws), sp, sp + m * (8 if acc == torch.float64 else 4), i2t.data_ptr(), t2i.data_ptr())
     if x is not sim:  # CPU half precision
         i2t, t2i = i2t.to(sim.dtype), t2i.to(sim.dtype)
     return i2t, t2i, stats, ok
@@ -107,7 +115,7 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
     ws = _workspace(x, n, m, stats.dtype)
     sp = stats.data_ptr()
     _run("fast_rerank_backward", x, x.data_ptr(), x.stride(0), x.stride(1), n, m, p1, s1r, s1c, p2, s2r, s2c,
-         sp, sp + m * stats.element_size(), g1, g2, l1, l2, ws.data_ptr(), grad.data_ptr())
+         sp, sp + m * stats.element_size(), g1, g2, l1, l2, _ptr(ws), grad.data_ptr())
     del k1, k2, ws
     return grad if x is sim else grad.to(sim.dtype)
 
@@ -198,7 +206,7 @@ def fast_rerank_lse(sim: Tensor, gamma1: float, lam1: float) -> tuple[Tensor, Te
     col_lse = x.new_empty((m,), dtype=acc)
     row_lse = x.new_empty((n,), dtype=acc)
     ws = _workspace(x, n, m, acc)
-    _run("fast_rerank_lse", x, *mat(x), n, m, float(gamma1), float(lam1), ws.data_ptr(), col_lse.data_ptr(),
+    _run("fast_rerank_lse", x, *mat(x), n, m, float(gamma1), float(lam1), _ptr(ws), col_lse.data_ptr(),
          row_lse.data_ptr())
     return col_lse, row_lse
 
@@ -218,6 +226,26 @@ def check_statistics(col_lse: Tensor, row_lse: Tensor) -> None:
 
 
 # ---- public API ---------------------------------------------------------------------------------
+_HYPER: dict = {}  # (gamma, lam) tuples of plain floats already validated -> (g1, g2, l1, l2)
+
+
+def _hyper(gamma, lam):
+    """V.check_pair of gamma and lam, memoised for tuples of plain floats (the usual call):
+    the per-call validation stays metadata-only and cheap."""
+    plain = (type(gamma) is tuple and type(lam) is tuple and len(gamma) == 2 and len(lam) == 2
+             and type(gamma[0]) is float and type(gamma[1]) is float and type(lam[0]) is float
+             and type(lam[1]) is float)
+    if plain:
+        hit = _HYPER.get((gamma, lam))
+        if hit is not None:
+            return hit
+    g1, g2 = V.check_pair(gamma, "gamma")
+    l1, l2 = V.check_pair(lam, "lam")
+    if plain and len(_HYPER) < 64:
+        _HYPER[(gamma, lam)] = (g1, g2, l1, l2)
+    return g1, g2, l1, l2
+
+
 def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
                 impl: str = "auto") -> Tuple[Tensor, Tensor]:
     """Fast re-ranking of a similarity matrix (SPEC.md 3; paper 004, Eq. 13-15), in log space.
@@ -241,8 +269,7 @@ def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tup
     memory is the two outputs + O(N + M).
     """
     V.check_tensor(sim, "sim", 2, finite=False)
-    g1, g2 = V.check_pair(gamma, "gamma")
-    l1, l2 = V.check_pair(lam, "lam")
+    g1, g2, l1, l2 = _hyper(gamma, lam)
     impl = V.check_impl(impl)
     if native_module(sim.device, impl, "fast_rerank") is None:
         V.check_sim(sim)

@@ -20,7 +20,8 @@
 // accumulation type (float, or double for float64 inputs). `workspace` holds
 // fast_rerank_workspace(n, m) accumulation-type elements of partial statistics over a
 // fixed grid of bands: O(n + m) (at most 16 (n + m) on the CPU, 256 (n + m) on CUDA),
-// never an (n, m) matrix. Peak memory of a forward: the two outputs + O(n + m).
+// never an (n, m) matrix. Peak memory of a forward: the two outputs + O(n + m). On the CPU
+// workspace may be null: the kernel then allocates it for the call.
 //
 // Non-finite sim (SPEC.md 1): the kernels propagate NaN/inf (max_nan in every max
 // reduction, poison(sim) added to every gradient element), so a NaN or +-inf in sim gives
