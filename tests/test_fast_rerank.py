@@ -200,6 +200,34 @@ def test_statistics_op():
     torch.testing.assert_close(rl, torch.logsumexp(2.0 * sim, 1), rtol=1e-13, atol=1e-12)
 
 
+@needs_cpu_native
+def test_one_forward_and_one_backward_kernel_call(monkeypatch):
+    # issue 11: a call is one fused forward and one fused backward (both directions at once)
+    import fastrank.ops.fast_rerank as F
+    real = F.cpu_module()
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+
+            def wrapped(*args):
+                calls.append(name)
+                return fn(*args)
+            return wrapped
+
+    monkeypatch.setattr(F, "cpu_module", lambda: Counting())
+    x = _sim(9, 13, seed=95).requires_grad_()
+    i2t, t2i = fastrank.fast_rerank(x, impl="native")
+    assert calls == ["fast_rerank_forward"]
+    (i2t.sum() + t2i.sum()).backward()
+    assert calls == ["fast_rerank_forward", "fast_rerank_backward"]
+    y = _sim(9, 13, seed=95).requires_grad_()
+    a, b = reference(y)
+    (a.sum() + b.sum()).backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=1e-10)
+
+
 # ---- (3) gradcheck -------------------------------------------------------------------------
 @needs_cpu_native
 @pytest.mark.parametrize("n,m,gamma,lam", [(1, 1, GAMMA, LAM), (1, 5, GAMMA, LAM), (5, 1, GAMMA, LAM),
@@ -495,10 +523,17 @@ def test_cuda_non_finite_propagates_by_default(monkeypatch, bad, dtype):
         fastrank.fast_rerank(sim, impl="native")
 
 
+def _device_activity(prof):
+    """(names of all device-side events, names of the kernels among them) of a profile."""
+    from torch.autograd import DeviceType
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = [k for k in names if not k.startswith(("Memcpy", "Memset")) and "sync" not in k.lower()]
+    return names, kernels
+
+
 @needs_cuda
 @pytest.mark.parametrize("n,m", [(8, 8), (256, 256), (100, 3000), (1000, 5000)])
 def test_cuda_launch_count_and_no_host_copy(n, m):
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     x = (torch.randn(n, m, device="cuda") * 0.3).requires_grad_()
     g1, g2 = torch.randn(n, m, device="cuda"), torch.randn(n, m, device="cuda")
@@ -508,9 +543,7 @@ def test_cuda_launch_count_and_no_host_copy(n, m):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _fwd_bwd(x, g1, g2)
         torch.cuda.synchronize()
-    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    names = [e.name for e in device_events]
-    kernels = [k for k in names if not k.startswith(("Memcpy", "Memset"))]
+    names, kernels = _device_activity(prof)
     assert not [k for k in names if "DtoH" in k or "Device -> Pageable" in k], names
     assert not [k for k in names if k.startswith("Memcpy")], names
     # 3 launches forward + 3 backward, the same at every size (nothing else: no dtype copies,
@@ -520,7 +553,6 @@ def test_cuda_launch_count_and_no_host_copy(n, m):
 
 @needs_cuda
 def test_cuda_launch_count_equal_across_sizes_and_dtypes():
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     counts = {}
     for (n, m) in [(8, 8), (256, 256), (2000, 9000)]:
@@ -533,7 +565,9 @@ def test_cuda_launch_count_equal_across_sizes_and_dtypes():
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 _fwd_bwd(x, g, g)
                 torch.cuda.synchronize()
-            counts[(n, m, dtype)] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+            names, kernels = _device_activity(prof)
+            assert not [k for k in names if k.startswith("Memcpy")], names
+            counts[(n, m, dtype)] = len(kernels)
     assert len(set(counts.values())) == 1 and next(iter(counts.values())) <= 6, counts
 
 
