@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, acc_dtype, cpu_module, native_module
+from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, native_module
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
 from ._launch import call, kernel_dtype, mat, module_for
 
@@ -52,12 +52,21 @@ def _kernel_input(sim: Tensor) -> Tensor:
     return sim
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch
+
+
 def _run(name: str, x: Tensor, *args) -> bool:
     """Run kernel ``name`` for x's device and dtype. Returns the CPU kernels' "statistics
-    finite" flag (CUDA kernels are asynchronous: True)."""
+    finite" flag (CUDA kernels are asynchronous: True). CUDA: on x's device and its current
+    stream; the raw stream handle is read without building a Stream object, and the device
+    is switched only when x is not on the current one."""
     if x.device.type == "cpu":
         return bool(getattr(cpu_module(), name)(DTYPE_CODE[x.dtype], *args))
-    call(name, x, *args)
+    idx = x.device.index
+    if _raw_stream is None or idx != torch.cuda.current_device():
+        call(name, x, *args)  # the general path (_launch.call: device guard + stream)
+    else:
+        getattr(cuda_module(), name)(DTYPE_CODE[x.dtype], *args, _raw_stream(idx))
     return True
 
 
