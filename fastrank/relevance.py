@@ -399,8 +399,9 @@ class BatchRelevance:
         caption_emb: (n_captions, D) embeddings of every caption (e.g. from
             :meth:`CaptionEncoder.encode`); float16/bfloat16 storage is kept (computed in
             float32).
-        image_caption_index: optional (n_images, k) caption ids of each image (tensor or
-            list of lists), as in :func:`relevance_matrix`.
+        image_caption_index: optional (n_images, k) caption ids of each image (tensor on
+            any device, or list of lists), as in :func:`relevance_matrix`; moved to
+            ``device`` once, here.
         device: where to hold them (default: caption_emb's device).
 
     ``__call__(image_ids, caption_ids) -> (B_img, B_cap)`` relevance (float32):
@@ -427,6 +428,9 @@ class BatchRelevance:
         self.emb = (emb / norms.unsqueeze(1).to(emb.dtype)).to(store).contiguous()
         self.device = device
         self.n_captions = self.emb.shape[0]
+        if isinstance(image_caption_index, Tensor) and image_caption_index.device != device:
+            # a CPU index with CUDA embeddings (the usual case): moved once, here
+            image_caption_index = image_caption_index.to(device)
         self.index = (None if image_caption_index is None
                       else _check_index(image_caption_index, self.n_captions, device))
         self._compute = torch.float64 if store == torch.float64 else torch.float32

@@ -122,6 +122,37 @@ def test_batch_relevance_half_storage():
     torch.testing.assert_close(br(img, cap), ref(img, cap), atol=2e-3, rtol=0)
 
 
+def test_batch_relevance_index_moved_to_embedding_device():
+    e = emb(30, seed=7, dtype=torch.float32)
+    idx = torch.arange(30, dtype=torch.int32).view(5, 6).t().contiguous().t().reshape(6, 5)
+    for kw in ({}, {"device": "cpu"}, {"device": torch.device("cpu")}):
+        br = BatchRelevance(e, idx, **kw)
+        assert br.index.device == br.emb.device and br.index.dtype == torch.long
+        torch.testing.assert_close(br([0, 3], [2, 15]), relevance_matrix(e, e, idx)[[0, 3]][:, [2, 15]])
+    # an index already on the embeddings' device is not copied
+    calls = []
+
+    class Spy(torch.Tensor):
+        def to(self, *a, **k):
+            calls.append((a, k))
+            return super().to(*a, **k)
+
+    BatchRelevance(e, idx.long().as_subclass(Spy))
+    assert calls == []
+
+
+@needs_cuda
+def test_cuda_batch_relevance_cpu_index_with_cuda_embeddings():
+    e = emb(30, seed=7, dtype=torch.float32)
+    idx = torch.arange(30).view(6, 5)                                 # on the CPU
+    br = BatchRelevance(e.cuda(), idx)                                # device taken from the embeddings
+    assert br.index.is_cuda and br.emb.is_cuda
+    img, cap = torch.tensor([0, 3, 3]), torch.tensor([2, 15, 17])
+    torch.testing.assert_close(br(img, cap).cpu(), BatchRelevance(e, idx)(img, cap))
+    br2 = BatchRelevance(e, idx.cuda(), device="cuda")                # index already there
+    torch.testing.assert_close(br2(img.cuda(), cap.cuda()).cpu(), BatchRelevance(e, idx)(img, cap))
+
+
 @needs_cuda
 def test_cuda_batch_relevance_and_matrix():
     e = emb(30, seed=7, dtype=torch.float32)

@@ -90,13 +90,13 @@ PYBIND11_MODULE(_C_cpu, m) {
   m.def("fast_rerank_lse", [](int dt, ptr sim, i64 ssr, i64 ssc, i64 n, i64 mm, double g1, double l1, ptr ws,
                               ptr col_lse, ptr row_lse) {
     py::gil_scoped_release nogil;
-    fastrank::cpu::fast_rerank_lse(DType(dt), as<const void>(sim), ssr, ssc, n, mm, g1, l1, as<void>(ws),
+    return fastrank::cpu::fast_rerank_lse(DType(dt), as<const void>(sim), ssr, ssc, n, mm, g1, l1, as<void>(ws),
                                    as<void>(col_lse), as<void>(row_lse));
   });
   m.def("fast_rerank_forward", [](int dt, ptr sim, i64 ssr, i64 ssc, i64 n, i64 mm, double g1, double g2,
                                   double l1, double l2, ptr ws, ptr col_lse, ptr row_lse, ptr i2t, ptr t2i) {
     py::gil_scoped_release nogil;
-    fastrank::cpu::fast_rerank_forward(DType(dt), as<const void>(sim), ssr, ssc, n, mm, g1, g2, l1, l2,
+    return fastrank::cpu::fast_rerank_forward(DType(dt), as<const void>(sim), ssr, ssc, n, mm, g1, g2, l1, l2,
                                        as<void>(ws), as<void>(col_lse), as<void>(row_lse), as<void>(i2t),
                                        as<void>(t2i));
   });

@@ -1,24 +1,30 @@
 // Fast re-ranking on the CPU (SPEC.md 3; paper 004, Eq. 13-15). Formulas: fast_rerank.h.
 //
+// Tiling. The matrix is cut into a fixed grid of R x C bands (R = min(ceil(n / 512), 8)
+// row bands, C = min(ceil(m / 1024), 8) column bands; the grid depends on (n, m) only,
+// never on the thread count). OpenMP hands out the R * C band tasks. A task walks its
+// band in kCB-column sub-tiles, each in kSub-row strips that stay in L1/L2.
 // Forward = two sweeps over sim:
-//  1. statistics (one read): the matrix is cut into a fixed grid of kRB x kCB tiles (the
-//     grid depends on (n, m) only, never on the thread count). OpenMP hands out tiles. A
-//     tile is walked in kSub-row strips that stay in L1/L2; each strip updates the
-//     running column (max, sum) of g1 * sim online (one rescale exp per column per strip,
-//     then one exp per element, every exponent <= 0) and gives each of its rows a
-//     (max, sum) of l1 * sim over the tile's columns. Partials land in the workspace,
-//     (n_row_tiles x m) + (n_col_tiles x n) pairs, about n * m / 170 values; they are merged
-//     in tile order, so the result is bit-identical run to run for any thread count.
+//  1. statistics (one read): per sub-tile column the running (max, sum) of g1 * sim over
+//     the band's rows (one rescale exp per column per strip, one exp per element, every
+//     exponent <= 0); per strip row the (max, sum) of l1 * sim over the sub-tile's columns,
+//     folded into the row's running pair of this column band. Each band task owns its
+//     partial slots, so the workspace is R * m + C * n (max, sum) pairs: at most
+//     16 (n + m) values, O(n + m), never an (n, m) buffer. The partials are merged in band
+//     order: bit-identical run to run for any thread count.
 //  2. scores (one read, two writes): OpenMP over rows (static), i2t = g2 * s - col_lse[j] and
 //     t2i = l2 * s - row_lse[i], vectorised.
-// Backward = the same two sweeps: column sums of G1 and row sums of G2 (tile partials
+// Backward = the same two sweeps: column sums of G1 and row sums of G2 (band partials
 // merged in order), then one fused sweep writing grad_sim (formula in fast_rerank.h).
-// Memory: outputs + workspace + O(kSub * kCB) per thread; no other (n, m) buffer. Outputs
-// get a transparent-huge-page hint before their first write (common.h: advise_huge_pages):
+// Memory: outputs + O(n + m) workspace + O(kSub * kCB) per thread. Outputs get a
+// transparent-huge-page hint before their first write (common.h: advise_huge_pages):
 // page faults on fresh 500 MB outputs otherwise cost more than the arithmetic.
-// Non-finite input: a row holding NaN or +-inf gets a NaN row_lse (and overflow of
-// g1 * s or l1 * s gives a non-finite statistic), so the caller validates sim by checking
-// the O(n + m) statistics instead of reading sim again.
+// Non-finite input (SPEC.md 1): a row holding NaN or +-inf gets a NaN row_lse, a NaN in a
+// column makes its col_lse NaN (max_nan), and overflow of g1 * s or l1 * s gives a
+// non-finite statistic; the forward returns whether every statistic is finite, which is
+// the caller's finiteness check of sim without reading sim again. With the check off,
+// NaN/inf reach the outputs (the element's own score is non-finite) and the gradient (every
+// gradient element adds poison(sim) = 0 * sim, NaN for a non-finite sim).
 // Strided inputs are read through per-thread strip buffers (contiguous rows are read in
 // place). The float exp is common.h's vectorisable exp_nonpos. Below 2^16 elements one
 // thread does everything (no fork/join).
@@ -27,28 +33,37 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace fastrank {
 namespace cpu {
 namespace {
 
-constexpr int64_t kRB = 512;   // rows of a tile
-constexpr int64_t kCB = 1024;  // columns of a tile
-constexpr int64_t kSub = 16;   // rows of a strip (kSub x kCB floats = 64 KiB, in L2)
+constexpr int64_t kRB = 512;      // rows per band unit
+constexpr int64_t kCB = 1024;     // columns of a sub-tile
+constexpr int64_t kSub = 16;      // rows of a strip (kSub x kCB floats = 64 KiB, in L2)
+constexpr int64_t kMaxBands = 8;  // row bands and column bands, each at most
 constexpr int64_t kParallelMin = int64_t(1) << 16;  // elements below which one thread does it all
 
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 struct Grid {
-  int64_t n, m, nrb, ncb;
-  Grid(int64_t n_, int64_t m_) : n(n_), m(m_), nrb((n_ + kRB - 1) / kRB), ncb((m_ + kCB - 1) / kCB) {}
-  int64_t tiles() const { return nrb * ncb; }
+  int64_t n, m, R, C, hb, wb;  // bands, band height, band width
+  Grid(int64_t n_, int64_t m_) : n(n_), m(m_) {
+    R = std::min(cdiv(n, kRB), kMaxBands);
+    C = std::min(cdiv(m, kCB), kMaxBands);
+    hb = cdiv(n, R);
+    wb = cdiv(m, C);
+  }
+  int64_t tasks() const { return R * C; }
   // small problems run on the calling thread: a fork/join (and, on a busy machine, waiting
   // for a descheduled worker) costs more than the whole sweep
   bool parallel() const { return n * m >= kParallelMin; }
 };
 
-template <typename A> inline A vmax(A a, A b) { return a > b ? a : b; }
 template <typename A> constexpr A kMaxFinite = std::numeric_limits<A>::max();
+template <typename A> inline A vmax(A a, A b) { return a > b ? a : b; }  // omp simd reductions only
 
 // A strip of h rows x w columns starting at p, as (pointer, leading dimension): rows with
 // unit column stride are used in place, anything else is gathered into buf (ld = w).
@@ -81,7 +96,7 @@ inline const T* row_of(const T* base, int64_t sr, int64_t sc, int64_t i, int64_t
 // log sum_t ps[t] * exp(pm[t]) over k partials (max, sum) stored `stride` apart, in order t.
 template <typename A> inline A merge_lse(const A* pm, const A* ps, int64_t stride, int64_t k) {
   A mx = pm[0];
-  for (int64_t t = 1; t < k; ++t) mx = vmax(mx, pm[t * stride]);
+  for (int64_t t = 1; t < k; ++t) mx = max_nan(mx, pm[t * stride]);
   A s = 0;
   for (int64_t t = 0; t < k; ++t) s += ps[t * stride] * exp_nonpos(pm[t * stride] - mx);
   return mx + std::log(s);
@@ -93,82 +108,104 @@ template <typename T>
 void lse_pass(const T* sim, int64_t sr, int64_t sc, const Grid& g, T g1, T l1, T* ws, T* col_lse,
               T* row_lse) {
   const int64_t n = g.n, m = g.m;
-  T* pc_m = ws;                  // [row tile][j]: column max of g1 * s over the tile's rows
-  T* pc_s = ws + g.nrb * m;      //                sum of exp(g1 * s - max)
-  T* pr_m = ws + 2 * g.nrb * m;  // [col tile][i]: row max of l1 * s over the tile's columns
-  T* pr_s = pr_m + g.ncb * n;    //                sum of exp(l1 * s - max)
-  std::vector<T> buf_v(kSub * kCB), cm_v(kCB), cs_v(kCB), tmax_v(kCB);
+  T* pc_m = ws;                // [row band][j]: column max of g1 * s over the band's rows
+  T* pc_s = ws + g.R * m;      //                sum of exp(g1 * s - max)
+  T* pr_m = ws + 2 * g.R * m;  // [column band][i]: row max of l1 * s over the band's columns
+  T* pr_s = pr_m + g.C * n;    //                   sum of exp(l1 * s - max)
+  // per-thread buffers sized to the problem (a small call must not zero 64 KiB): the strip
+  // buffer only for strided input
+  const int64_t wmax = std::min(kCB, g.wb);
+  std::vector<T> buf_v(sc == 1 ? 0 : kSub * wmax), cm_v(wmax), cs_v(wmax), tmax_v(wmax);
   T* __restrict buf = buf_v.data();
   T* __restrict cm = cm_v.data();
   T* __restrict cs = cs_v.data();
   T* __restrict tmax = tmax_v.data();
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < g.tiles(); ++t) {
-    const int64_t rb = t / g.ncb, cb = t % g.ncb;
-    const int64_t r0 = rb * kRB, r1 = std::min(n, r0 + kRB);
-    const int64_t c0 = cb * kCB, w = std::min(m - c0, kCB);
-    std::fill(cm, cm + w, -std::numeric_limits<T>::infinity());
-    std::fill(cs, cs + w, T(0));
-    for (int64_t i0 = r0; i0 < r1; i0 += kSub) {
-      const int64_t h = std::min(kSub, r1 - i0);
-      int64_t ld;
-      const T* __restrict b = strip(sim + i0 * sr + c0 * sc, sr, sc, h, w, buf, &ld);
-      // columns: max over the strip, rescale the running sum once, then add the strip.
-      // max(g1 * s) = g1 * max(s) exactly (g1 > 0, rounding is monotone): exponents <= 0.
+  for (int64_t t = 0; t < g.tasks(); ++t) {
+    const int64_t rb = t / g.C, cb = t % g.C;
+    const int64_t r0 = rb * g.hb, r1 = std::min(n, r0 + g.hb);
+    const int64_t b0 = cb * g.wb, b1 = std::min(m, b0 + g.wb);
+    for (int64_t c0 = b0; c0 < b1; c0 += kCB) {
+      const int64_t w = std::min(b1 - c0, kCB);
+      std::fill(cm, cm + w, -std::numeric_limits<T>::infinity());
+      std::fill(cs, cs + w, T(0));
+      for (int64_t i0 = r0; i0 < r1; i0 += kSub) {
+        const int64_t h = std::min(kSub, r1 - i0);
+        int64_t ld;
+        const T* __restrict b = strip(sim + i0 * sr + c0 * sc, sr, sc, h, w, buf, &ld);
+        // columns: max over the strip, rescale the running sum once, then add the strip.
+        // max(g1 * s) = g1 * max(s) exactly (g1 > 0, rounding is monotone): exponents <= 0.
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) tmax[j] = b[j];
-      for (int64_t r = 1; r < h; ++r) {
-        const T* __restrict br = b + r * ld;
+        for (int64_t j = 0; j < w; ++j) tmax[j] = b[j];
+        for (int64_t r = 1; r < h; ++r) {
+          const T* __restrict br = b + r * ld;
 #pragma omp simd
-        for (int64_t j = 0; j < w; ++j) tmax[j] = vmax(tmax[j], br[j]);
-      }
-#pragma omp simd
-      for (int64_t j = 0; j < w; ++j) {
-        const T nm = vmax(cm[j], g1 * tmax[j]);
-        cs[j] *= exp_nonpos(cm[j] - nm);  // cm = -inf on the first strip: exp -> 0
-        cm[j] = nm;
-      }
-      for (int64_t r = 0; r < h; ++r) {
-        const T* __restrict br = b + r * ld;
-#pragma omp simd
-        for (int64_t j = 0; j < w; ++j) cs[j] += exp_nonpos(g1 * br[j] - cm[j]);
-      }
-      // rows: (max, sum) of l1 * s over this tile's columns
-      for (int64_t r = 0; r < h; ++r) {
-        const T* __restrict br = b + r * ld;
-        T mx = br[0], bad = 0;
-#pragma omp simd reduction(max : mx) reduction(+ : bad)
-        for (int64_t j = 0; j < w; ++j) {
-          mx = vmax(mx, br[j]);
-          bad += std::fabs(br[j]) <= kMaxFinite<T> ? T(0) : T(1);  // NaN, +-inf
+          for (int64_t j = 0; j < w; ++j) tmax[j] = max_nan(tmax[j], br[j]);
         }
-        const T mm = l1 * mx;
-        T s = 0;
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) {
+          const T nm = max_nan(cm[j], g1 * tmax[j]);
+          cs[j] *= exp_nonpos(cm[j] - nm);  // cm = -inf on the first strip: exp -> 0
+          cm[j] = nm;
+        }
+        for (int64_t r = 0; r < h; ++r) {
+          const T* __restrict br = b + r * ld;
+#pragma omp simd
+          for (int64_t j = 0; j < w; ++j) cs[j] += exp_nonpos(g1 * br[j] - cm[j]);
+        }
+        // rows: (max, sum) of l1 * s over this sub-tile's columns, folded into the band's pair
+        for (int64_t r = 0; r < h; ++r) {
+          const T* __restrict br = b + r * ld;
+          T mx = br[0], bad = 0;
+#pragma omp simd reduction(max : mx) reduction(+ : bad)
+          for (int64_t j = 0; j < w; ++j) {
+            mx = vmax(mx, br[j]);
+            bad += std::fabs(br[j]) <= kMaxFinite<T> ? T(0) : T(1);  // NaN, +-inf
+          }
+          const T mm = l1 * mx;
+          T s = 0;
 #pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < w; ++j) s += exp_nonpos(l1 * br[j] - mm);
-        pr_m[cb * n + i0 + r] = mm;
-        pr_s[cb * n + i0 + r] = bad == T(0) ? s : std::numeric_limits<T>::quiet_NaN();
+          for (int64_t j = 0; j < w; ++j) s += exp_nonpos(l1 * br[j] - mm);
+          if (bad != T(0)) s = std::numeric_limits<T>::quiet_NaN();
+          const int64_t k = cb * n + i0 + r;
+          if (c0 == b0) {
+            pr_m[k] = mm;
+            pr_s[k] = s;
+          } else {  // online merge, in sub-tile order
+            const T om = pr_m[k], nm = max_nan(om, mm);
+            pr_s[k] = pr_s[k] * exp_nonpos(om - nm) + s * exp_nonpos(mm - nm);
+            pr_m[k] = nm;
+          }
+        }
       }
+      std::copy(cm, cm + w, pc_m + rb * m + c0);
+      std::copy(cs, cs + w, pc_s + rb * m + c0);
     }
-    std::copy(cm, cm + w, pc_m + rb * m + c0);
-    std::copy(cs, cs + w, pc_s + rb * m + c0);
   }  // implicit barrier: all partials written
 #pragma omp for schedule(static)
-  for (int64_t j = 0; j < m; ++j) col_lse[j] = merge_lse(pc_m + j, pc_s + j, m, g.nrb);
+  for (int64_t j = 0; j < m; ++j) col_lse[j] = merge_lse(pc_m + j, pc_s + j, m, g.R);
 #pragma omp for schedule(static)
-  for (int64_t i = 0; i < n; ++i) row_lse[i] = merge_lse(pr_m + i, pr_s + i, n, g.ncb);
+  for (int64_t i = 0; i < n; ++i) row_lse[i] = merge_lse(pr_m + i, pr_s + i, n, g.C);
+}
+
+template <typename T> bool all_finite(const T* a, int64_t k) {
+  T bad = 0;
+#pragma omp simd reduction(+ : bad)
+  for (int64_t i = 0; i < k; ++i) bad += std::fabs(a[i]) <= kMaxFinite<T> ? T(0) : T(1);
+  return bad == T(0);
 }
 
 template <typename T>
-void lse_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T g1, T l1, T* ws, T* col_lse,
+bool lse_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T g1, T l1, T* ws, T* col_lse,
               T* row_lse) {
   const Grid g(n, m);
 #pragma omp parallel if (g.parallel())
   lse_pass(sim, sr, sc, g, g1, l1, ws, col_lse, row_lse);
+  return all_finite(col_lse, m) && all_finite(row_lse, n);
 }
 
 template <typename T>
-void forward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T g1, T g2, T l1, T l2, T* ws,
+bool forward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T g1, T g2, T l1, T l2, T* ws,
                   T* col_lse, T* row_lse, T* i2t, T* t2i) {
   const Grid g(n, m);
   advise_huge_pages(i2t, sizeof(T) * static_cast<size_t>(n * m));
@@ -192,62 +229,68 @@ void forward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T 
       }
     }
   }
+  return all_finite(col_lse, m) && all_finite(row_lse, n);
 }
 
 // ---- backward ------------------------------------------------------------------------------
-// Workspace: [row tile][j] column partial sums of G1, [col tile][i] row partial sums of G2,
-// then a1[j] = g1 * colsum(G1)[j] and b2[i] = l1 * rowsum(G2)[i].
+// Workspace: [row band][j] column partial sums of G1, [column band][i] row partial sums of
+// G2, then a1[j] = g1 * colsum(G1)[j] and b2[i] = l1 * rowsum(G2)[i].
 template <typename T, bool H1, bool H2>
 void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, const T* G1, int64_t g1r,
                    int64_t g1c, const T* G2, int64_t g2r, int64_t g2c, const T* col_lse, const T* row_lse,
                    T g1, T g2, T l1, T l2, T* ws, T* grad) {
   const Grid g(n, m);
   T* pc = ws;
-  T* pr = ws + g.nrb * m;
-  T* a1 = pr + g.ncb * n;
+  T* pr = ws + g.R * m;
+  T* a1 = pr + g.C * n;
   T* b2 = a1 + m;
   advise_huge_pages(grad, sizeof(T) * static_cast<size_t>(n * m));
 #pragma omp parallel if (g.parallel())
   {
-    std::vector<T> buf_v(kSub * kCB), acc_v(kCB);
+    const int64_t wmax = std::min(kCB, g.wb);
+    std::vector<T> buf_v((H1 && g1c != 1) || (H2 && g2c != 1) ? kSub * wmax : 0), acc_v(H1 ? wmax : 0);
     T* __restrict buf = buf_v.data();
     T* __restrict acc = acc_v.data();
-    // pass 1: column sums of G1, row sums of G2, tile partials
+    // pass 1: column sums of G1, row sums of G2, band partials
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < g.tiles(); ++t) {
-      const int64_t rb = t / g.ncb, cb = t % g.ncb;
-      const int64_t r0 = rb * kRB, r1 = std::min(n, r0 + kRB);
-      const int64_t c0 = cb * kCB, w = std::min(m - c0, kCB);
-      if (H1) std::fill(acc, acc + w, T(0));
-      for (int64_t i0 = r0; i0 < r1; i0 += kSub) {
-        const int64_t h = std::min(kSub, r1 - i0);
-        int64_t ld;
-        if (H1) {
-          const T* __restrict b = strip(G1 + i0 * g1r + c0 * g1c, g1r, g1c, h, w, buf, &ld);
-          for (int64_t r = 0; r < h; ++r) {
-            const T* __restrict br = b + r * ld;
+    for (int64_t t = 0; t < g.tasks(); ++t) {
+      const int64_t rb = t / g.C, cb = t % g.C;
+      const int64_t r0 = rb * g.hb, r1 = std::min(n, r0 + g.hb);
+      const int64_t b0 = cb * g.wb, b1 = std::min(m, b0 + g.wb);
+      for (int64_t c0 = b0; c0 < b1; c0 += kCB) {
+        const int64_t w = std::min(b1 - c0, kCB);
+        if (H1) std::fill(acc, acc + w, T(0));
+        for (int64_t i0 = r0; i0 < r1; i0 += kSub) {
+          const int64_t h = std::min(kSub, r1 - i0);
+          int64_t ld;
+          if (H1) {
+            const T* __restrict b = strip(G1 + i0 * g1r + c0 * g1c, g1r, g1c, h, w, buf, &ld);
+            for (int64_t r = 0; r < h; ++r) {
+              const T* __restrict br = b + r * ld;
 #pragma omp simd
-            for (int64_t j = 0; j < w; ++j) acc[j] += br[j];
+              for (int64_t j = 0; j < w; ++j) acc[j] += br[j];
+            }
           }
-        }
-        if (H2) {
-          const T* __restrict b = strip(G2 + i0 * g2r + c0 * g2c, g2r, g2c, h, w, buf, &ld);
-          for (int64_t r = 0; r < h; ++r) {
-            const T* __restrict br = b + r * ld;
-            T s = 0;
+          if (H2) {
+            const T* __restrict b = strip(G2 + i0 * g2r + c0 * g2c, g2r, g2c, h, w, buf, &ld);
+            for (int64_t r = 0; r < h; ++r) {
+              const T* __restrict br = b + r * ld;
+              T s = 0;
 #pragma omp simd reduction(+ : s)
-            for (int64_t j = 0; j < w; ++j) s += br[j];
-            pr[cb * n + i0 + r] = s;
+              for (int64_t j = 0; j < w; ++j) s += br[j];
+              const int64_t k = cb * n + i0 + r;
+              pr[k] = c0 == b0 ? s : pr[k] + s;
+            }
           }
         }
+        if (H1) std::copy(acc, acc + w, pc + rb * m + c0);
       }
-      if (H1) std::copy(acc, acc + w, pc + rb * m + c0);
     }
     if (H1) {
 #pragma omp for schedule(static)
       for (int64_t j = 0; j < m; ++j) {
         T s = 0;
-        for (int64_t t = 0; t < g.nrb; ++t) s += pc[t * m + j];
+        for (int64_t t = 0; t < g.R; ++t) s += pc[t * m + j];
         a1[j] = g1 * s;
       }
     }
@@ -255,11 +298,12 @@ void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, c
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         T s = 0;
-        for (int64_t t = 0; t < g.ncb; ++t) s += pr[t * n + i];
+        for (int64_t t = 0; t < g.C; ++t) s += pr[t * n + i];
         b2[i] = l1 * s;
       }
     }
-    // pass 2: grad = g2 G1 - P * a1[j] + l2 G2 - Q * b2[i]
+    // pass 2: grad = g2 G1 - P * a1[j] + l2 G2 - Q * b2[i] (+ poison(sim): NaN for a
+    // non-finite sim even where the formula's exp would drop it, e.g. sim = -inf)
     std::vector<T> xs_v(sc == 1 ? 0 : m), r1_v(H1 && g1c != 1 ? m : 0), r2_v(H2 && g2c != 1 ? m : 0);
     const T* __restrict cl = col_lse;
     const T* __restrict a = a1;
@@ -272,7 +316,7 @@ void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, c
       T* __restrict out = grad + i * m;
 #pragma omp simd
       for (int64_t j = 0; j < m; ++j) {
-        T v = 0;
+        T v = poison(x[j]);
         if (H1) v += g2 * y1[j] - exp_nonpos(g1 * x[j] - cl[j]) * a[j];
         if (H2) v += l2 * y2[j] - exp_nonpos(l1 * x[j] - rl) * b;
         out[j] = v;
@@ -292,31 +336,50 @@ void backward_dispatch(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t 
   else if (G2)
     backward_impl<T, false, true>(sim, sr, sc, n, m, G1, g1r, g1c, G2, g2r, g2c, cl, rl, g1, g2, l1, l2, ws, grad);
   else
-    std::fill(grad, grad + n * m, T(0));
+    backward_impl<T, false, false>(sim, sr, sc, n, m, G1, g1r, g1c, G2, g2r, g2c, cl, rl, g1, g2, l1, l2, ws,
+                                   grad);  // zeros (NaN where sim is not finite)
 }
+
+int64_t workspace_size(int64_t n, int64_t m) {
+  const Grid g(n, m);
+  return 2 * (g.R * m + g.C * n);  // >= backward's R*m + C*n + m + n; <= 16 (n + m)
+}
+
+// The caller's workspace, or (workspace == nullptr) one allocated here for the call: on the
+// CPU that spares the Python side an allocation and a size query per pass.
+template <typename T> struct Workspace {
+  std::unique_ptr<T[]> own;
+  T* p;
+  Workspace(void* given, int64_t n, int64_t m)
+      : own(given ? nullptr : new T[static_cast<size_t>(workspace_size(n, m))]),
+        p(given ? static_cast<T*>(given) : own.get()) {}
+};
 
 }  // namespace
 
-int64_t fast_rerank_workspace(int64_t n, int64_t m) {
-  const Grid g(n, m);
-  return 2 * (g.nrb * m + g.ncb * n);  // >= backward's nrb*m + ncb*n + m + n
-}
+int64_t fast_rerank_workspace(int64_t n, int64_t m) { return workspace_size(n, m); }
 
-void fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+bool fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
                      double g1, double l1, void* workspace, void* col_lse, void* row_lse) {
+  bool ok = true;
   FASTRANK_DISPATCH_CPU(dt, T,
-      lse_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1), static_cast<T>(l1),
-                  static_cast<T*>(workspace), static_cast<T*>(col_lse), static_cast<T*>(row_lse)));
+      Workspace<T> ws(workspace, n, m);
+      ok = lse_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1), static_cast<T>(l1),
+                       ws.p, static_cast<T*>(col_lse), static_cast<T*>(row_lse)));
+  return ok;
 }
 
-void fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+bool fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
                          double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
                          void* row_lse, void* i2t, void* t2i) {
+  bool ok = true;
   FASTRANK_DISPATCH_CPU(dt, T,
-      forward_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1), static_cast<T>(g2),
-                      static_cast<T>(l1), static_cast<T>(l2), static_cast<T*>(workspace),
-                      static_cast<T*>(col_lse), static_cast<T*>(row_lse), static_cast<T*>(i2t),
-                      static_cast<T*>(t2i)));
+      Workspace<T> ws(workspace, n, m);
+      ok = forward_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1),
+                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2),
+                           ws.p, static_cast<T*>(col_lse), static_cast<T*>(row_lse),
+                           static_cast<T*>(i2t), static_cast<T*>(t2i)));
+  return ok;
 }
 
 void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
@@ -324,11 +387,12 @@ void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim
                           int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
                           double l1, double l2, void* workspace, void* grad_sim) {
   FASTRANK_DISPATCH_CPU(dt, T,
+      Workspace<T> ws(workspace, n, m);
       backward_dispatch<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<const T*>(g_i2t),
                            gi_sr, gi_sc, static_cast<const T*>(g_t2i), gt_sr, gt_sc,
                            static_cast<const T*>(col_lse), static_cast<const T*>(row_lse), static_cast<T>(g1),
-                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2),
-                           static_cast<T*>(workspace), static_cast<T*>(grad_sim)));
+                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2), ws.p,
+                           static_cast<T*>(grad_sim)));
 }
 
 }  // namespace cpu

@@ -18,8 +18,16 @@
 // G1 / G2 are strided like sim and may be null (a zero gradient). i2t, t2i and grad_sim are
 // written contiguous (n, m) in the input dtype; col_lse (m) and row_lse (n) are in the
 // accumulation type (float, or double for float64 inputs). `workspace` holds
-// fast_rerank_workspace(n, m) accumulation-type elements of per-tile partial statistics:
-// n * m / 170 values on the CPU, n * m / 64 on CUDA; never an (n, m) matrix.
+// fast_rerank_workspace(n, m) accumulation-type elements of partial statistics over a
+// fixed grid of bands: O(n + m) (at most 16 (n + m) on the CPU, 256 (n + m) on CUDA),
+// never an (n, m) matrix. Peak memory of a forward: the two outputs + O(n + m). On the CPU
+// workspace may be null: the kernel then allocates it for the call.
+//
+// Non-finite sim (SPEC.md 1): the kernels propagate NaN/inf (max_nan in every max
+// reduction, poison(sim) added to every gradient element), so a NaN or +-inf in sim gives
+// non-finite statistics, scores and gradient. The CPU lse/forward also return whether all
+// statistics are finite (the caller's raising check, with no second read of sim); the
+// CUDA entries are asynchronous and leave that check to the caller (off by default).
 #pragma once
 #include <cstdint>
 
@@ -28,11 +36,12 @@
 namespace fastrank {
 namespace cpu {
 int64_t fast_rerank_workspace(int64_t n, int64_t m);
-// The statistics alone (pass 1): col_lse and row_lse.
-void fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+// The statistics alone (pass 1): col_lse and row_lse. Returns true when all are finite.
+bool fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
                      double g1, double l1, void* workspace, void* col_lse, void* row_lse);
 // Pass 1 + pass 2: statistics, then both score matrices in one read-write sweep.
-void fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
+// Returns true when all statistics are finite.
+bool fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
                          double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
                          void* row_lse, void* i2t, void* t2i);
 void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
