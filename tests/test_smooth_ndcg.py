@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.smooth_ndcg import smooth_ndcg_bwd, smooth_ndcg_fwd
-from fastrank.reference.ndcg_terms import idcg as ideal_dcg
+from fastrank.ops.smooth_ndcg import smooth_ndcg_backward_op, smooth_ndcg_op
 from fastrank.reference.smooth_ndcg import smooth_ndcg_per_query
 
 NATIVE_CPU = fastrank.backends()["cpu"]
@@ -167,17 +166,18 @@ def test_half_inputs_cpu(dtype):
 
 
 @needs_native
-def test_opcheck():
+@pytest.mark.parametrize("direction,reduction", [(3, 1), (1, 0), (2, 2), (3, 0)])
+def test_opcheck(direction, reduction):
     sim, rel = rand_case(6, 5, seed=9)
-    rel_acc = rel.clone()
-    idcg = ideal_dcg(rel_acc)
     sim.requires_grad_(True)
-    torch.library.opcheck(smooth_ndcg_fwd, (sim, rel_acc, idcg, 0.1))
-    loss, pi = smooth_ndcg_fwd(sim.detach(), rel_acc, idcg, 0.1)
-    torch.library.opcheck(smooth_ndcg_bwd, (torch.rand(6, dtype=torch.float64), sim.detach(), rel_acc,
-                                            idcg, pi, 0.1))
-    # transposed (t2i) view as input
-    torch.library.opcheck(smooth_ndcg_fwd, (sim.detach().t(), rel_acc.t(), ideal_dcg(rel_acc.t()), 0.1))
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, None, 0.1, direction, reduction))
+    loss, ws = smooth_ndcg_op(sim.detach(), rel, None, 0.1, direction, reduction)
+    g = torch.rand(loss.shape, dtype=torch.float64)
+    torch.library.opcheck(smooth_ndcg_backward_op, (g, sim.detach(), None, ws, 0.1, direction, reduction))
+    # transposed view as input, and a mask
+    mask = torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.7
+    torch.library.opcheck(smooth_ndcg_op, (sim.detach().t(), rel.t(), mask.t(), 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, mask, 0.1, direction, reduction))
 
 
 @needs_native
@@ -313,3 +313,380 @@ def test_cpu_low_precision_error_bound(dtype):
     fastrank.smooth_ndcg_loss(y, rel, 0.05, "both", "none", impl="native").sum().backward()
     assert y.grad.dtype == dtype
     assert (y.grad.double() - ref64[1]).abs().max().item() <= 2 * ref_err
+
+
+# ---------------------------------------------------------------- masks (SPEC 2.1a, issue 13)
+def rand_mask(n, m, seed, p=0.7):
+    return torch.rand(n, m, generator=torch.Generator().manual_seed(seed)) < p
+
+
+def oracle_masked(sim, rel, mask, tau, direction="both", reduction="mean"):
+    """SPEC 2.1a by deleting the masked entries: each list is a ragged Python list."""
+    S, R, K = sim.tolist(), rel.tolist(), mask.tolist()
+    parts = []
+    if direction in ("i2t", "both"):
+        lists = [([s for s, k in zip(S[i], K[i]) if k], [r for r, k in zip(R[i], K[i]) if k])
+                 for i in range(len(S))]
+        parts.append(lists)
+    if direction in ("t2i", "both"):
+        cols = [([S[i][j] for i in range(len(S)) if K[i][j]], [R[i][j] for i in range(len(S)) if K[i][j]])
+                for j in range(len(S[0]))]
+        parts.append(cols)
+    losses = [[oracle_query(s, r, tau) if s else 0.0 for s, r in p] for p in parts]
+    if reduction == "none":
+        return torch.tensor([x for p in losses for x in p], dtype=torch.float64)
+    if reduction == "sum":
+        return torch.tensor(sum(sum(p) for p in losses), dtype=torch.float64)
+    total = 0.0
+    for p, lists in zip(losses, parts):
+        n_valid = sum(1 for s, _ in lists if s)
+        total += sum(p) / n_valid if n_valid else 0.0
+    return torch.tensor(total, dtype=torch.float64)
+
+
+IMPLS = ["reference"] + (["native"] if NATIVE_CPU else [])
+MASK_SHAPES = [(1, 1), (1, 6), (5, 1), (3, 5), (6, 4), (9, 9), (17, 11)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n,m", MASK_SHAPES)
+def test_mask_equals_deleting_entries(impl, n, m):
+    """Loop oracle on ragged lists: masking an entry == deleting it from its lists."""
+    for seed, ties in [(0, False), (1, True)]:
+        sim, rel = rand_case(n, m, seed=100 + seed, ties=ties)
+        mask = rand_mask(n, m, seed, p=0.6)
+        mask[0] = False                       # a fully masked row ...
+        if m > 1:
+            mask[:, -1] = False               # ... and a fully masked column
+        for tau in (1e-3, 0.1):
+            for direction in ("i2t", "t2i", "both"):
+                for reduction in ("mean", "sum", "none"):
+                    got = fastrank.smooth_ndcg_loss(sim, rel, tau, direction, reduction, impl=impl, mask=mask)
+                    exp = oracle_masked(sim, rel, mask, tau, direction, reduction)
+                    torch.testing.assert_close(got, exp, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_all_true_equals_no_mask(impl):
+    sim, rel = rand_case(7, 9, seed=20)
+    full = torch.ones(7, 9, dtype=torch.bool)
+    for direction in ("i2t", "t2i", "both"):
+        for reduction in ("mean", "sum", "none"):
+            outs = []
+            for mask in (None, full):
+                s = sim.clone().requires_grad_(True)
+                loss = fastrank.smooth_ndcg_loss(s, rel, 0.05, direction, reduction, impl=impl, mask=mask)
+                (g,) = torch.autograd.grad(loss.sum(), s)
+                outs.append((loss, g))
+            torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-12, atol=1e-14)
+            torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-12, atol=1e-14)
+
+
+@needs_native
+@pytest.mark.parametrize("n,m", MASK_SHAPES + [(33, 70), (64, 31)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_mask_native_matches_reference(n, m, dtype):
+    tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-6)
+    for seed, ties, scale, tau, p in [(0, False, 1.0, 0.01, 0.7), (1, True, 1.0, 0.1, 0.3),
+                                      (2, False, 30.0, 1e-3, 0.9), (3, True, 0.3, 1.0, 0.5)]:
+        sim, rel = rand_case(n, m, seed, dtype, ties=ties, scale=scale)
+        mask = rand_mask(n, m, seed + 50, p)
+        if seed == 3:
+            rel[:, 0] = 0.0                   # all-zero gains in one column
+            mask = mask.t().contiguous().t()  # a column-major mask
+        for direction in ("i2t", "t2i", "both"):
+            for reduction in ("mean", "sum", "none"):
+                out = {}
+                for impl in ("native", "reference"):
+                    s = sim.clone().requires_grad_(True)
+                    loss = fastrank.smooth_ndcg_loss(s, rel, tau, direction, reduction, impl=impl, mask=mask)
+                    w = torch.rand(loss.shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+                    (g,) = torch.autograd.grad((loss * w).sum(), s)
+                    out[impl] = (loss.detach(), g)
+                torch.testing.assert_close(out["native"][0], out["reference"][0], **tol)
+                torch.testing.assert_close(out["native"][1], out["reference"][1], **tol)
+                assert torch.all(out["native"][1][~mask] == 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_gradcheck(impl):
+    tau = 0.1
+    sim, rel = rand_case(5, 6, seed=21)
+    sim = (sim * 3 * tau).requires_grad_(True)
+    mask = rand_mask(5, 6, seed=22, p=0.6)
+    mask[1] = False
+    mask[:, 2] = False
+    for direction, reduction in [("both", "none"), ("both", "mean"), ("i2t", "sum"), ("t2i", "mean")]:
+        f = lambda s: fastrank.smooth_ndcg_loss(s, rel, tau, direction, reduction, impl=impl, mask=mask)
+        assert torch.autograd.gradcheck(f, (sim,), eps=1e-6 * tau, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_fully_masked_rows_columns_and_all(impl):
+    sim, rel = rand_case(5, 4, seed=23)
+    mask = torch.ones(5, 4, dtype=torch.bool)
+    mask[2] = False
+    mask[:, 1] = False
+    s = sim.clone().requires_grad_(True)
+    per_q = fastrank.smooth_ndcg_loss(s, rel, 0.1, "both", "none", impl=impl, mask=mask)
+    assert per_q[2] == 0 and per_q[5 + 1] == 0
+    per_q.sum().backward()
+    assert torch.all(s.grad[2] == 0) and torch.all(s.grad[:, 1] == 0)
+    # "mean" averages over the non-empty lists only: 4 rows and 3 columns
+    mean = fastrank.smooth_ndcg_loss(sim, rel, 0.1, "both", "mean", impl=impl, mask=mask)
+    torch.testing.assert_close(mean, per_q[:5].sum() / 4 + per_q[5:].sum() / 3)
+    # nothing valid at all: loss 0, gradient 0, for every reduction
+    none = torch.zeros(5, 4, dtype=torch.bool)
+    for reduction in ("mean", "sum", "none"):
+        s = sim.clone().requires_grad_(True)
+        loss = fastrank.smooth_ndcg_loss(s, rel, 0.1, "both", reduction, impl=impl, mask=none)
+        loss.sum().backward()
+        assert torch.all(loss == 0) and torch.all(s.grad == 0)
+    # a single valid item per list: rank 1 = ideal, loss 0
+    eye = torch.eye(5, 4, dtype=torch.bool)
+    assert fastrank.smooth_ndcg_loss(sim, rel, 0.1, impl=impl, mask=eye).item() == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_ignores_masked_values(impl, monkeypatch):
+    """Masked entries are never read: garbage (even NaN) there changes nothing, and the
+    gradient there is exactly 0."""
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    sim, rel = rand_case(6, 7, seed=24)
+    mask = rand_mask(6, 7, seed=25, p=0.6)
+    outs = []
+    for fill in (0.0, 1e6, float("nan")):
+        s = torch.where(mask, sim, torch.full_like(sim, fill)).requires_grad_(True)
+        r = torch.where(mask, rel, torch.full_like(rel, fill))
+        loss = fastrank.smooth_ndcg_loss(s, r, 0.05, "both", "none", impl=impl, mask=mask)
+        loss.sum().backward()
+        assert torch.all(s.grad[~mask] == 0)
+        outs.append((loss.detach(), s.grad))
+    for loss, grad in outs[1:]:
+        torch.testing.assert_close(loss, outs[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(grad, outs[0][1], rtol=0, atol=0)
+
+
+@needs_native
+def test_mask_compat_call_i2t_none():
+    """The call fastrank.compat.approxNDCGLoss makes: i2t, per-query, padded slates."""
+    sim, rel = rand_case(8, 10, seed=26, dtype=torch.float32)
+    lengths = torch.tensor([10, 3, 1, 0, 7, 10, 2, 5])
+    mask = torch.arange(10).unsqueeze(0) < lengths.unsqueeze(1)
+    s = sim.clone().requires_grad_(True)
+    loss = fastrank.smooth_ndcg_loss(s, rel, 1.0, direction="i2t", reduction="none", mask=mask)
+    assert loss.shape == (8,) and loss.dtype == torch.float32
+    exp = oracle_masked(sim.double(), rel.double(), mask, 1.0, "i2t", "none")
+    torch.testing.assert_close(loss.double(), exp, rtol=1e-5, atol=1e-6)
+    loss.mean().backward()
+    assert torch.all(s.grad[~mask] == 0) and loss[3] == 0
+
+
+def test_mask_module_form():
+    sim, rel = rand_case(5, 6, seed=27)
+    mask = rand_mask(5, 6, seed=28)
+    mod = fastrank.nn.SmoothNDCGLoss(tau=0.05, reduction="sum")
+    torch.testing.assert_close(mod(sim, rel, mask=mask),
+                               fastrank.smooth_ndcg_loss(sim, rel, 0.05, reduction="sum", mask=mask))
+
+
+@pytest.mark.parametrize("mask,exc,match", [
+    ([[True, False]], TypeError, "mask"),
+    (torch.ones(1, 2), TypeError, "mask.*bool"),
+    (torch.ones(1, 2, dtype=torch.uint8), TypeError, "mask.*bool"),
+    (torch.ones(2, 2, dtype=torch.bool), ValueError, "mask.*shape"),
+    (torch.ones(2, dtype=torch.bool), ValueError, "mask.*shape"),
+])
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_bad_mask(mask, exc, match, impl):
+    with pytest.raises(exc, match=match):
+        fastrank.smooth_ndcg_loss(torch.tensor([[0.1, 0.2]]), torch.tensor([[1.0, 0.0]]), 0.1, impl=impl, mask=mask)
+
+
+def test_bad_mask_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device to build a mismatch")
+    with pytest.raises(ValueError, match="mask"):
+        fastrank.smooth_ndcg_loss(torch.rand(2, 2), torch.rand(2, 2), mask=torch.ones(2, 2, dtype=torch.bool,
+                                                                                      device="cuda"))
+
+
+@needs_native
+def test_torch_compile_fullgraph_mask_and_none():
+    sim, rel = rand_case(9, 7, seed=29, dtype=torch.float32)
+    mask = rand_mask(9, 7, seed=30)
+
+    def step(s, r, k):
+        return (fastrank.smooth_ndcg_loss(s, r, tau=0.05, reduction="none", mask=k) * 2.0).sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    s1 = sim.clone().requires_grad_(True)
+    s2 = sim.clone().requires_grad_(True)
+    l1, l2 = compiled(s1, rel, mask), step(s2, rel, mask)
+    l1.backward()
+    l2.backward()
+    torch.testing.assert_close(l1, l2)
+    torch.testing.assert_close(s1.grad, s2.grad)
+
+
+# ---------------------------------------------------------------- non-finite input (SPEC 1)
+@needs_native
+@pytest.mark.parametrize("where", ["sim", "relevance"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("direction", ["i2t", "t2i", "both"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_nonfinite_propagates_on_cpu_without_check(monkeypatch, where, bad, direction, masked):
+    """FASTRANK_CHECK_FINITE=0: the kernels themselves must turn NaN/inf into a non-finite
+    loss and gradient (what the CUDA default relies on)."""
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    sim, rel = rand_case(5, 6, seed=31)
+    if where == "sim":
+        sim[2, 3] = bad
+    else:
+        rel[2, 3] = bad
+    mask = rand_mask(5, 6, seed=32) | torch.eye(5, 6, dtype=torch.bool).roll(3, 1) if masked else None
+    if mask is not None:
+        mask[2, 3] = True
+    for reduction in ("mean", "none"):
+        s = sim.clone().requires_grad_(True)
+        loss = fastrank.smooth_ndcg_loss(s, rel, 0.1, direction, reduction, impl="native", mask=mask)
+        loss.sum().backward()
+        assert not torch.isfinite(loss).all(), (loss,)
+        assert not torch.isfinite(s.grad).all()
+
+
+@needs_native
+def test_nonfinite_raises_by_default_on_cpu():
+    sim, rel = rand_case(3, 3, seed=33)
+    sim[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="sim"):
+        fastrank.smooth_ndcg_loss(sim, rel)
+
+
+# ---------------------------------------------------------------- CUDA: the fused-call contract
+def _cuda_case(n, m, dtype=torch.float32, seed=40):
+    sim, rel = rand_case(n, m, seed=seed, dtype=dtype)
+    return sim.cuda(), rel.cuda()
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,m", [(1, 1), (5, 3), (17, 40), (130, 70)])
+def test_cuda_mask_matches_reference(n, m):
+    sim, rel = rand_case(n, m, seed=41)
+    mask = rand_mask(n, m, seed=42, p=0.6)
+    for direction in ("i2t", "t2i", "both"):
+        for reduction in ("mean", "sum", "none"):
+            ref = fastrank.smooth_ndcg_loss(sim.requires_grad_(True), rel, 0.05, direction, reduction,
+                                            impl="reference", mask=mask)
+            (g_ref,) = torch.autograd.grad(ref.sum(), sim)
+            s = sim.detach().cuda().requires_grad_(True)
+            got = fastrank.smooth_ndcg_loss(s, rel.cuda(), 0.05, direction, reduction, impl="native",
+                                            mask=mask.cuda())
+            got.sum().backward()
+            torch.testing.assert_close(got.cpu().double(), ref.detach(), rtol=1e-9, atol=1e-11)
+            torch.testing.assert_close(s.grad.cpu().double(), g_ref, rtol=1e-9, atol=1e-11)
+            assert torch.all(s.grad.cpu()[~mask] == 0)
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_cuda_nonfinite_propagates_by_default(bad):
+    sim, rel = _cuda_case(6, 5)
+    sim[1, 2] = bad
+    s = sim.requires_grad_(True)
+    loss = fastrank.smooth_ndcg_loss(s, rel, 0.1)
+    loss.backward()
+    assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all()
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_graph_capture_equals_eager():
+    sim, rel = _cuda_case(32, 24)
+    s = sim.clone().requires_grad_(True)
+    eager = fastrank.smooth_ndcg_loss(s, rel, 0.05)
+    eager.backward()
+    static = sim.clone().requires_grad_(True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs requires
+        for _ in range(2):
+            static.grad = None
+            fastrank.smooth_ndcg_loss(static, rel, 0.05).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    static.grad = None
+    with torch.cuda.graph(graph):
+        loss = fastrank.smooth_ndcg_loss(static, rel, 0.05)
+        loss.backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(loss, eager)
+    torch.testing.assert_close(static.grad, s.grad)
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_compile_reduce_overhead_step():
+    model = torch.nn.Linear(16, 16).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(24, 16, device="cuda"), torch.randn(20, 16, device="cuda")
+    rel = torch.rand(24, 20, device="cuda")
+
+    @torch.compile(mode="reduce-overhead")
+    def step():
+        loss = fastrank.smooth_ndcg_loss(model(x) @ y.t(), rel, 0.1)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        opt.zero_grad(set_to_none=False)
+        loss = step()
+        opt.step()
+    assert torch.isfinite(loss).all()
+
+
+def _cuda_profile(n, direction):
+    from torch.profiler import ProfilerActivity, profile
+    sim, rel = _cuda_case(n, n)
+    s = sim.requires_grad_(True)
+    fastrank.smooth_ndcg_loss(s, rel, 0.05, direction).backward()  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fastrank.smooth_ndcg_loss(s, rel, 0.05, direction).backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    launches = sum(1 for nm in names if nm in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    d2h = sum(1 for nm in names if "DtoH" in nm or "Device -> Host" in nm)
+    return launches, d2h
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_launch_count_and_no_host_copy():
+    counts = {}
+    for direction in ("i2t", "t2i", "both"):
+        for n in (8, 256):
+            launches, d2h = _cuda_profile(n, direction)
+            assert d2h == 0, (direction, n)
+            counts[(direction, n)] = launches
+    assert len(set(counts.values())) == 1, counts
+    assert max(counts.values()) <= 6, counts  # forward 2 + backward 1 (+ autograd's grad seed)
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_mask_low_precision_runs(dtype):
+    sim, rel = rand_case(40, 30, seed=43)
+    mask = rand_mask(40, 30, seed=44)
+    s = sim.to(dtype).cuda().requires_grad_(True)
+    loss = fastrank.smooth_ndcg_loss(s, rel.to(dtype).cuda(), 0.05, mask=mask.cuda())
+    loss.backward()
+    ref = fastrank.smooth_ndcg_loss(sim.to(dtype).double(), rel.to(dtype).double(), 0.05, impl="reference",
+                                    mask=mask)
+    assert loss.dtype == torch.float32 and s.grad.dtype == dtype
+    assert abs(loss.item() - ref.item()) < 1e-3
+    assert torch.all(s.grad.cpu()[~mask] == 0)

@@ -37,18 +37,21 @@ PYBIND11_MODULE(_C_cpu, m) {
   m.def("compiler", [] { return std::string(FASTRANK_COMPILER); });
 
   // ---- smooth_ndcg (csrc/cpu/smooth_ndcg.cpp) ----
-  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
-                                  i64 nc, ptr idcg, double tau, ptr loss, ptr pi) {
+  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,
+                                  i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, double tau, ptr out,
+                                  ptr ws) {
     py::gil_scoped_release nogil;
-    fastrank::cpu::smooth_ndcg_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
-                                       rsc, nq, nc, as<const void>(idcg), tau, as<void>(loss), as<void>(pi));
+    fastrank::cpu::smooth_ndcg_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const void>(rel), rs0,
+                                       rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, tau,
+                                       as<void>(out), as<void>(ws));
   });
-  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
-                                   i64 nc, ptr idcg, ptr pi, ptr grad_loss, double tau, ptr grad_sim) {
+  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr mask, i64 ms0, i64 ms1, i64 n,
+                                   i64 mm, int dir, int red, double tau, ptr grad_out, i64 gs, ptr ws,
+                                   ptr grad) {
     py::gil_scoped_release nogil;
-    fastrank::cpu::smooth_ndcg_backward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel), rsq,
-                                        rsc, nq, nc, as<const void>(idcg), as<const void>(pi),
-                                        as<const void>(grad_loss), tau, as<void>(grad_sim));
+    fastrank::cpu::smooth_ndcg_backward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(mask),
+                                        ms0, ms1, n, mm, dir, red, tau, as<const void>(grad_out), gs,
+                                        as<const void>(ws), as<void>(grad));
   });
 
   // ---- kendall (csrc/cpu/kendall.cpp) ----

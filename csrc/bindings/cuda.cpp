@@ -37,21 +37,23 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
 
   // ---- smooth_ndcg (csrc/cuda/smooth_ndcg.cu) ----
-  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
-                                  i64 nc, ptr idcg, double tau, ptr loss, ptr pi, ptr stream) {
+  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,
+                                  i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, double tau, ptr out,
+                                  ptr ws, ptr partials, ptr stream) {
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_ndcg_forward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel),
-                                              rsq, rsc, nq, nc, as<const void>(idcg), tau, as<void>(loss),
-                                              as<void>(pi), as<void>(stream)),
+    check(fastrank::cuda::smooth_ndcg_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const void>(rel),
+                                              rs0, rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
+                                              tau, as<void>(out), as<void>(ws), as<void>(partials),
+                                              as<void>(stream)),
           "smooth_ndcg_forward");
   });
-  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ssq, i64 ssc, ptr rel, i64 rsq, i64 rsc, i64 nq,
-                                   i64 nc, ptr idcg, ptr pi, ptr grad_loss, double tau, ptr grad_sim,
-                                   ptr stream) {
+  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr mask, i64 ms0, i64 ms1, i64 n,
+                                   i64 mm, int dir, int red, double tau, ptr grad_out, i64 gs, ptr ws,
+                                   ptr grad, ptr stream) {
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_ndcg_backward(DType(dt), as<const void>(sim), ssq, ssc, as<const void>(rel),
-                                               rsq, rsc, nq, nc, as<const void>(idcg), as<const void>(pi),
-                                               as<const void>(grad_loss), tau, as<void>(grad_sim),
+    check(fastrank::cuda::smooth_ndcg_backward(DType(dt), as<const void>(sim), ss0, ss1,
+                                               as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, tau,
+                                               as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad),
                                                as<void>(stream)),
           "smooth_ndcg_backward");
   });

@@ -1,15 +1,29 @@
-// Fused smooth-NDCG on CUDA (SPEC.md 2.1; paper 000, Eq. 16-21).
+// Fused smooth-NDCG on CUDA (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
 //
-// Tiling: grid = (n_q queries, ceil(n_c / 256) candidate tiles); thread j of a block
-// owns candidate j of its query and keeps its running sum in a register. The block
-// streams the query's row through shared memory in chunks of kChunk candidates k
-// (loaded once per block, read by all 256 threads), so global reads are n_c per block
-// and the work per thread is n_c exps (sigma((s_k - s_j)/tau) in the forward,
-// sigma'(.) (a_k - a_j) in the backward).
-// Memory plan: no (n_q, n_c, n_c) tensor; pi (n_q, n_c) float is the only saved state.
-// Accumulation in float (double for float64 inputs); every sum is in a fixed order
-// (per-thread loop + fixed-tree block reduction): bit-identical run to run.
-// Kernels: pi_kernel -> loss_kernel (one block per query reduces DCG) ; grad_kernel.
+// One call = 2 launches forward + 1 backward, for every N and direction, no host sync:
+//   forward_tiles  grid = (ceil(m / 16), ceil(n / 16)) blocks of 16 x 16 threads; thread
+//                  (ty, tx) owns element (i, j) = (16 * by + ty, 16 * bx + tx) of sim and
+//                  computes both its i2t smooth rank (over row i) and its t2i smooth rank
+//                  (over column j), its gain rank among the list's gains (for the IDCG:
+//                  rank counting, O(C^2) per list like the ranks themselves), its DCG and
+//                  IDCG terms and its backward weight a. Block sums of the terms over the
+//                  tile's row / column segments go to `partials` (fixed order).
+//   finalize       one block: per query, the sum over its tiles' partials in tile order ->
+//                  DCG, IDCG, loss; then the per-direction count and sum (fixed-tree
+//                  block_sum) -> the reduction. Deterministic, no atomics.
+//   backward_tiles the same grid; thread (i, j) sums sigma'(.)(a_k - a_ij) over row i and
+//                  over column j and writes grad[i, j] once (both directions, no atomics).
+// Tiling / memory: candidates are staged through shared memory in chunks of kChunk: the
+// 16 rows of the tile x kChunk columns (i2t) and kChunk rows x the 16 columns of the tile
+// (t2i), values converted to the accumulation type A once on load (half/bf16 read
+// directly); every staged value is reused by 16 threads, and global reads are coalesced
+// along rows (16-element segments for the t2i columns of a row-major sim). Masked items
+// are staged with a 0 flag (a predicate, not a compaction) and their values never read.
+// Saved state: ws = a per direction (n * m A each), idcg, counts; partials (3 values per
+// query per tile, about 3/16 of an (n, m) matrix per direction) live only in the forward.
+// Each ordered pair is evaluated by the thread of each of its two elements: on a GPU the
+// sigma(-x) = 1 - sigma(x) sharing would need a cross-thread scatter (atomics or a second
+// buffer); exp and reciprocal are single MUFU instructions, so it is not worth it here.
 #include <cuda_runtime.h>
 
 #include "fastrank/smooth_ndcg.h"
@@ -18,115 +32,270 @@ namespace fastrank {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kChunk = 1024;
+constexpr int kTile = 16;                  // element tile edge (smooth_ndcg.py: _TILE)
+constexpr int kThreads = kTile * kTile;    // one thread per element of the tile
+constexpr int kChunk = 32;                 // candidates staged per shared-memory step
+constexpr int kFinalThreads = 1024;        // finalize: one block (power of two)
+
+struct Layout {  // offsets into ws (smooth_ndcg.h)
+  bool d1, d2;
+  int64_t nq1, q, a1, a2, idcg, qloss, counts;
+};
+
+__host__ __device__ inline Layout layout_of(int64_t n, int64_t m, int direction) {
+  Layout l;
+  l.d1 = (direction & kI2T) != 0;
+  l.d2 = (direction & kT2I) != 0;
+  l.nq1 = l.d1 ? n : 0;
+  l.q = l.nq1 + (l.d2 ? m : 0);
+  l.a1 = 0;
+  l.a2 = l.d1 ? n * m : 0;
+  l.idcg = (int64_t(l.d1) + int64_t(l.d2)) * n * m;
+  l.qloss = l.idcg + l.q;
+  l.counts = l.qloss + l.q;
+  return l;
+}
+
+inline int64_t tiles(int64_t x) { return (x + kTile - 1) / kTile; }
+
+__device__ __forceinline__ bool in_list(const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t i, int64_t j) {
+  return mask == nullptr || mask[i * ms0 + j * ms1] != 0;
+}
+
+// d/dpi [1 / log2(1 + pi)] and 1 / log2(1 + pi) from one log
+template <typename A> __device__ __forceinline__ void discounts(A pi, A* f, A* fd) {
+  const A ln2 = A(0.69314718055994530942);
+  const A l = log1p(pi);
+  *f = ln2 / l;
+  *fd = -ln2 / ((A(1) + pi) * l * l);
+}
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) pi_kernel(const T* __restrict__ sim, int64_t sq, int64_t sc,
-                                                      int64_t n_c, acc_t<T> inv_tau, acc_t<T>* __restrict__ pi) {
+__global__ void __launch_bounds__(kThreads)
+forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __restrict__ rel, int64_t rs0,
+              int64_t rs1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+              int direction, acc_t<T> inv_tau, acc_t<T>* __restrict__ a1, acc_t<T>* __restrict__ a2,
+              acc_t<T>* __restrict__ part1, acc_t<T>* __restrict__ part2) {
   using A = acc_t<T>;
-  __shared__ A s_k[kChunk];
-  const int64_t q = blockIdx.x;
-  const int64_t j = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  const T* row = sim + q * sq;
-  const A s_j = j < n_c ? load(row[j * sc]) : A(0);
-  A sum = 0;
-  for (int64_t c0 = 0; c0 < n_c; c0 += kChunk) {
-    const int len = n_c - c0 < kChunk ? static_cast<int>(n_c - c0) : kChunk;
-    for (int t = threadIdx.x; t < len; t += kThreads) s_k[t] = load(row[(c0 + t) * sc]);
+  __shared__ A sh_s[kTile][kChunk + 1];  // staged scores   [tile row or column][candidate]
+  __shared__ A sh_g[kTile][kChunk + 1];  // staged gains
+  __shared__ bool sh_v[kTile][kChunk + 1];  // staged "in the list"
+  __shared__ A red[3][kTile][kTile + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t i0 = int64_t(blockIdx.y) * kTile, j0 = int64_t(blockIdx.x) * kTile;
+  const int64_t i = i0 + ty, j = j0 + tx;
+  const bool in = i < n && j < m;
+  const bool v_ij = in && in_list(mask, ms0, ms1, i, j);
+  const A s_ij = v_ij ? load(sim[i * ss0 + j * ss1]) : A(0);
+  const A r_ij = v_ij ? load(rel[i * rs0 + j * rs1]) : A(0);
+  const A g_ij = ndcg_gain(r_ij);  // 0 outside the list
+  const A z = poison(s_ij + r_ij);  // a non-finite input poisons its terms
+  for (int d = 0; d < 2; ++d) {
+    if (!(direction & (d == 0 ? kI2T : kT2I))) continue;  // uniform over the block
+    // d = 0: the list of element (i, j) is row i (candidates k over m columns, own index j);
+    // d = 1: column j (candidates over n rows, own index i). `me` = this thread's slot.
+    const int64_t nc = d == 0 ? m : n, own = d == 0 ? j : i;
+    const int me = d == 0 ? ty : tx;
+    A pi = 1;
+    int64_t rank = 0;  // items of the list ranked before (i, j) by gain (ties: by index)
+    for (int64_t c0 = 0; c0 < nc; c0 += kChunk) {
+      for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
+        // i2t: slot = a row of the tile, candidate = a column; t2i: the transpose.
+        // Consecutive threads read consecutive columns either way (coalesced).
+        const int slot = d == 0 ? e / kChunk : e % kTile;
+        const int cc = d == 0 ? e % kChunk : e / kTile;
+        const int64_t ii = d == 0 ? i0 + slot : c0 + cc;
+        const int64_t jj = d == 0 ? c0 + cc : j0 + slot;
+        const bool ok = ii < n && jj < m && in_list(mask, ms0, ms1, ii, jj);
+        sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);
+        sh_g[slot][cc] = ok ? ndcg_gain(load(rel[ii * rs0 + jj * rs1])) : A(0);
+        sh_v[slot][cc] = ok;
+      }
+      __syncthreads();
+      const int len = nc - c0 < kChunk ? static_cast<int>(nc - c0) : kChunk;
+      for (int cc = 0; cc < len; ++cc) {
+        const int64_t c = c0 + cc;
+        const bool v = sh_v[me][cc];
+        const A gk = sh_g[me][cc];
+        // Eq. 16: pi = 1 + sum_{k != own, k in the list} sigma((s_k - s_own) / tau)
+        const A sig = logistic_pos((sh_s[me][cc] - s_ij) * inv_tau);
+        pi += (v && c != own) ? sig : A(0);
+        rank += (v && (gk > g_ij || (gk == g_ij && c < own))) ? 1 : 0;
+      }
+      __syncthreads();
+    }
+    A dcg_t = 0, ideal_t = 0, cnt = 0, a = 0;
+    if (v_ij) {
+      A f, fd;
+      discounts(pi, &f, &fd);
+      dcg_t = g_ij * f + z;                                    // Eq. 17 term
+      a = g_ij * fd + z;                                       // backward weight
+      ideal_t = g_ij * ndcg_discount(static_cast<A>(rank + 1));  // IDCG term: g at its ideal position
+      cnt = 1;
+    }
+    if (in) (d == 0 ? a1 : a2)[i * m + j] = a;
+    // partial sums over the tile's segment of the list: row i (over tx) or column j (over ty)
+    red[0][ty][tx] = dcg_t;
+    red[1][ty][tx] = ideal_t;
+    red[2][ty][tx] = cnt;
     __syncthreads();
-    for (int t = 0; t < len; ++t) {
-      const A sig = logistic((s_k[t] - s_j) * inv_tau).pos;
-      sum += (c0 + t != j) ? sig : A(0);
+    if (d == 0 && tx < 3 && i < n) {
+      A acc = 0;
+      for (int t = 0; t < kTile; ++t) acc += red[tx][ty][t];
+      part1[(int64_t(blockIdx.x) * n + i) * 3 + tx] = acc;
+    }
+    if (d == 1 && ty < 3 && j < m) {
+      A acc = 0;
+      for (int t = 0; t < kTile; ++t) acc += red[ty][t][tx];
+      part2[(int64_t(blockIdx.y) * m + j) * 3 + ty] = acc;
     }
     __syncthreads();
   }
-  if (j < n_c) pi[q * n_c + j] = A(1) + sum;
 }
 
 template <typename A>
-__global__ void __launch_bounds__(kThreads) loss_kernel(const A* __restrict__ rel, int64_t rq, int64_t rc,
-                                                        int64_t n_c, const A* __restrict__ pi,
-                                                        const A* __restrict__ idcg, A* __restrict__ loss) {
-  __shared__ A scratch[kThreads];
-  const int64_t q = blockIdx.x;
-  A dcg = 0;
-  for (int64_t j = threadIdx.x; j < n_c; j += kThreads)
-    dcg += ndcg_gain(rel[q * rq + j * rc]) * ndcg_discount(pi[q * n_c + j]);
-  dcg = block_sum(dcg, scratch);
-  if (threadIdx.x == 0) loss[q] = idcg[q] > A(0) ? A(1) - dcg / idcg[q] : A(0);
+__global__ void __launch_bounds__(kFinalThreads)
+finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict__ part1,
+         const A* __restrict__ part2, A* __restrict__ ws, A* __restrict__ out) {
+  __shared__ A scratch[kFinalThreads];
+  const Layout L = layout_of(n, m, direction);
+  A total = 0;
+  int64_t off = 0;
+  for (int d = 0; d < 2; ++d) {
+    if (!(d == 0 ? L.d1 : L.d2)) {
+      if (threadIdx.x == 0) ws[L.counts + d] = A(0);
+      continue;
+    }
+    const int64_t nq = d == 0 ? n : m;
+    const int64_t nt = d == 0 ? (m + kTile - 1) / kTile : (n + kTile - 1) / kTile;
+    const A* part = d == 0 ? part1 : part2;
+    A sum = 0, cnt = 0;
+    for (int64_t q = threadIdx.x; q < nq; q += blockDim.x) {
+      A dcg = 0, ideal = 0, nv = 0;
+      for (int64_t t = 0; t < nt; ++t) {  // coalesced over q; tiles in a fixed order
+        const A* p = part + (t * nq + q) * 3;
+        dcg += p[0];
+        ideal += p[1];
+        nv += p[2];
+      }
+      // Eq. 18, 20-21: loss = 1 - DCG / IDCG, 0 when IDCG <= 0 (still poisoned by a NaN)
+      const A loss = (ideal > A(0) ? A(1) - dcg / ideal : A(0)) + poison(dcg);
+      ws[L.idcg + off + q] = ideal;
+      ws[L.qloss + off + q] = loss;
+      if (reduction == kNone) out[off + q] = loss;
+      sum += loss;
+      cnt += nv > A(0) ? A(1) : A(0);
+    }
+    sum = block_sum(sum, scratch);
+    cnt = block_sum(cnt, scratch);
+    if (threadIdx.x == 0) {
+      ws[L.counts + d] = cnt;
+      if (reduction == kMean) total += cnt > A(0) ? sum / cnt : A(0);
+      if (reduction == kSum) total += sum;
+    }
+    off += nq;
+  }
+  if (threadIdx.x == 0 && reduction != kNone) out[0] = total;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) grad_kernel(const T* __restrict__ sim, int64_t sq, int64_t sc,
-                                                        const acc_t<T>* __restrict__ rel, int64_t rq, int64_t rc,
-                                                        int64_t n_c, const acc_t<T>* __restrict__ idcg,
-                                                        const acc_t<T>* __restrict__ pi,
-                                                        const acc_t<T>* __restrict__ grad_loss, acc_t<T> inv_tau,
-                                                        T* __restrict__ grad) {
+__global__ void __launch_bounds__(kThreads)
+backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ mask, int64_t ms0,
+               int64_t ms1, int64_t n, int64_t m, int direction, int reduction, acc_t<T> inv_tau,
+               const acc_t<T>* __restrict__ grad_out, int64_t gs, const acc_t<T>* __restrict__ ws,
+               T* __restrict__ grad) {
   using A = acc_t<T>;
-  __shared__ A s_k[kChunk];
-  __shared__ A a_k[kChunk];
-  const int64_t q = blockIdx.x;
-  const int64_t m = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  const T* row = sim + q * sq;
-  const A* r = rel + q * rq;
-  const A* p = pi + q * n_c;
-  const bool active = idcg[q] > A(0) && grad_loss[q] != A(0);  // uniform over the block
-  if (!active) {
-    if (m < n_c) grad[q * n_c + m] = store<T>(A(0));
-    return;
-  }
-  const A s_m = m < n_c ? load(row[m * sc]) : A(0);
-  const A a_m = m < n_c ? ndcg_gain(r[m * rc]) * ndcg_discount_deriv(p[m]) : A(0);
-  A sum = 0;
-  for (int64_t c0 = 0; c0 < n_c; c0 += kChunk) {
-    const int len = n_c - c0 < kChunk ? static_cast<int>(n_c - c0) : kChunk;
-    for (int t = threadIdx.x; t < len; t += kThreads) {
-      s_k[t] = load(row[(c0 + t) * sc]);
-      a_k[t] = ndcg_gain(r[(c0 + t) * rc]) * ndcg_discount_deriv(p[c0 + t]);
+  __shared__ A sh_s[kTile][kChunk + 1];
+  __shared__ A sh_a[kTile][kChunk + 1];
+  __shared__ bool sh_v[kTile][kChunk + 1];
+  const Layout L = layout_of(n, m, direction);
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t i0 = int64_t(blockIdx.y) * kTile, j0 = int64_t(blockIdx.x) * kTile;
+  const int64_t i = i0 + ty, j = j0 + tx;
+  const bool in = i < n && j < m;
+  const bool v_ij = in && in_list(mask, ms0, ms1, i, j);
+  const A s_ij = v_ij ? load(sim[i * ss0 + j * ss1]) : A(0);
+  A total = 0;
+  int64_t off = 0;
+  for (int d = 0; d < 2; ++d) {
+    if (!(d == 0 ? L.d1 : L.d2)) continue;  // uniform over the block
+    const A* a = ws + (d == 0 ? L.a1 : L.a2);
+    const int64_t nc = d == 0 ? m : n, q = d == 0 ? i : j;
+    const int me = d == 0 ? ty : tx;
+    const A a_ij = v_ij ? a[i * m + j] : A(0);
+    A sum = 0;
+    for (int64_t c0 = 0; c0 < nc; c0 += kChunk) {
+      for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
+        const int slot = d == 0 ? e / kChunk : e % kTile;
+        const int cc = d == 0 ? e % kChunk : e / kTile;
+        const int64_t ii = d == 0 ? i0 + slot : c0 + cc;
+        const int64_t jj = d == 0 ? c0 + cc : j0 + slot;
+        const bool ok = ii < n && jj < m && in_list(mask, ms0, ms1, ii, jj);
+        sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);
+        sh_a[slot][cc] = ok ? a[ii * m + jj] : A(0);
+        sh_v[slot][cc] = ok;
+      }
+      __syncthreads();
+      const int len = nc - c0 < kChunk ? static_cast<int>(nc - c0) : kChunk;
+      // d loss / d s_own = -(1 / (tau IDCG)) sum_{k in the list} sigma'((s_k - s_own) / tau) (a_k - a_own)
+      // (the k = own term is 0: a_k - a_own = 0)
+      for (int cc = 0; cc < len; ++cc) {
+        const A t = logistic_deriv((sh_s[me][cc] - s_ij) * inv_tau) * (sh_a[me][cc] - a_ij);
+        sum += sh_v[me][cc] ? t : A(0);
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    // the k == m term is sigma'(0) * (a_m - a_m) = 0: no mask needed
-    for (int t = 0; t < len; ++t) sum += logistic_deriv((s_k[t] - s_m) * inv_tau) * (a_k[t] - a_m);
-    __syncthreads();
+    if (v_ij) {
+      const A count = ws[L.counts + d];
+      const A scale = reduction == kMean ? (count > A(0) ? A(1) / count : A(0)) : A(1);
+      const A wq = reduction == kNone ? grad_out[(off + q) * gs] : grad_out[0] * scale;
+      const A ideal = ws[L.idcg + off + q];
+      const A coef = ideal > A(0) ? -wq * inv_tau / ideal : A(0);
+      total += coef == A(0) ? poison(sum) : coef * sum;  // constant loss: 0 unless non-finite
+    }
+    off += d == 0 ? n : m;
   }
-  if (m < n_c) grad[q * n_c + m] = store<T>(-grad_loss[q] * inv_tau / idcg[q] * sum);
-}
-
-dim3 grid_for(int64_t n_q, int64_t n_c) {
-  return dim3(static_cast<unsigned>(n_q), static_cast<unsigned>((n_c + kThreads - 1) / kThreads));
+  if (in) grad[i * m + j] = store<T>(v_ij ? total : A(0));
 }
 
 }  // namespace
 
-int smooth_ndcg_forward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, const void* rel,
-                        int64_t rel_sq, int64_t rel_sc, int64_t n_q, int64_t n_c, const void* idcg,
-                        double tau, void* loss, void* pi, void* stream) {
+int smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel, int64_t rs0,
+                        int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                        int direction, int reduction, double tau, void* out, void* ws, void* partials,
+                        void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (tiles(n) > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
+  const Layout L = layout_of(n, m, direction);
+  const dim3 grid(static_cast<unsigned>(tiles(m)), static_cast<unsigned>(tiles(n)));
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    pi_kernel<T><<<grid_for(n_q, n_c), kThreads, 0, st>>>(static_cast<const T*>(sim), sim_sq, sim_sc, n_c,
-                                                           static_cast<A>(1.0 / tau), static_cast<A*>(pi));
+    A* w = static_cast<A*>(ws);
+    A* part1 = static_cast<A*>(partials);
+    A* part2 = part1 + (L.d1 ? 3 * n * tiles(m) : 0);
+    forward_tiles<T><<<grid, kThreads, 0, st>>>(
+        static_cast<const T*>(sim), ss0, ss1, static_cast<const T*>(rel), rs0, rs1, mask, ms0, ms1, n, m,
+        direction, static_cast<A>(1.0 / tau), w + L.a1, w + L.a2, part1, part2);
     FASTRANK_CUDA_CHECK_LAUNCH();
-    loss_kernel<A><<<static_cast<unsigned>(n_q), kThreads, 0, st>>>(
-        static_cast<const A*>(rel), rel_sq, rel_sc, n_c, static_cast<const A*>(pi),
-        static_cast<const A*>(idcg), static_cast<A*>(loss));
+    finalize<A><<<1, kFinalThreads, 0, st>>>(n, m, direction, reduction, part1, part2, w,
+                                             static_cast<A*>(out));
     FASTRANK_CUDA_CHECK_LAUNCH();
   });
   return 0;
 }
 
-int smooth_ndcg_backward(DType dt, const void* sim, int64_t sim_sq, int64_t sim_sc, const void* rel,
-                         int64_t rel_sq, int64_t rel_sc, int64_t n_q, int64_t n_c, const void* idcg,
-                         const void* pi, const void* grad_loss, double tau, void* grad_sim, void* stream) {
+int smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask, int64_t ms0,
+                         int64_t ms1, int64_t n, int64_t m, int direction, int reduction, double tau,
+                         const void* grad_out, int64_t gs, const void* ws, void* grad, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (tiles(n) > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
+  const dim3 grid(static_cast<unsigned>(tiles(m)), static_cast<unsigned>(tiles(n)));
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    grad_kernel<T><<<grid_for(n_q, n_c), kThreads, 0, st>>>(
-        static_cast<const T*>(sim), sim_sq, sim_sc, static_cast<const A*>(rel), rel_sq, rel_sc, n_c,
-        static_cast<const A*>(idcg), static_cast<const A*>(pi), static_cast<const A*>(grad_loss),
-        static_cast<A>(1.0 / tau), static_cast<T*>(grad_sim));
+    backward_tiles<T><<<grid, kThreads, 0, st>>>(
+        static_cast<const T*>(sim), ss0, ss1, mask, ms0, ms1, n, m, direction, reduction,
+        static_cast<A>(1.0 / tau), static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws),
+        static_cast<T*>(grad));
     FASTRANK_CUDA_CHECK_LAUNCH();
   });
   return 0;

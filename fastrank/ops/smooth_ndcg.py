@@ -1,107 +1,203 @@
-"""smooth_ndcg_loss: Python -> custom op -> kernel (SPEC.md 2.1, paper 000 Eq. 16-21).
+"""smooth_ndcg_loss: Python -> one fused op -> kernels (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
 
-Native path: ``fastrank::smooth_ndcg_fwd`` computes per-query losses and saves the
-smooth ranks pi (Q, C); ``fastrank::smooth_ndcg_bwd`` turns them into d loss / d sim
-in one more pass (csrc/cpu/smooth_ndcg.cpp, csrc/cuda/smooth_ndcg.cu). Both are
-registered with torch.library, so torch.compile and opcheck see real ops.
+One native call = one forward op ``fastrank::smooth_ndcg`` (every requested direction,
+the IDCG and the reduction inside the kernels; csrc/cpu/smooth_ndcg.cpp,
+csrc/cuda/smooth_ndcg.cu) and one backward op ``fastrank::smooth_ndcg_backward``. The
+t2i direction reads sim, relevance and mask through swapped strides. The forward returns
+(loss, ws): ws holds what the backward needs (csrc/include/fastrank/smooth_ndcg.h).
+Eagerly the call goes through an autograd.Function (the cheapest path); under
+torch.compile through the custom ops (registered fake + autograd). Both call the same
+``_forward`` / ``_backward``.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import has_native
-from .._reduce import per_direction
-from ..reference.ndcg_terms import idcg as ideal_dcg
+from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, has_native, stream_of
+from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
-from ._launch import acc_dtype, call, kernel_dtype, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, apply, mask_args
+
+_TILE = 16  # CUDA tile edge (csrc/cuda/smooth_ndcg.cu: kTile)
+_CPU_DTYPES = (torch.float32, torch.float64)
 
 
-@torch.library.custom_op("fastrank::smooth_ndcg_fwd", mutates_args=())
-def smooth_ndcg_fwd(sim: Tensor, relevance: Tensor, idcg: Tensor, tau: float) -> tuple[Tensor, Tensor]:
-    """sim (Q, C) any strides; relevance and idcg in the accumulation dtype.
-    Returns (loss (Q,), pi (Q, C)) in the accumulation dtype."""
-    sim = sim.to(kernel_dtype(sim))
+def _sizes(n, m, direction: int):
+    """(number of per-query losses, elements of ws) for a direction code."""
+    d1, d2 = direction & 1, (direction >> 1) & 1
+    q = d1 * n + d2 * m
+    return q, (d1 + d2) * n * m + 2 * q + 2
+
+
+def _partials_numel(n, m, direction: int):
+    d1, d2 = direction & 1, (direction >> 1) & 1
+    return 3 * (d1 * n * ((m + _TILE - 1) // _TILE) + d2 * m * ((n + _TILE - 1) // _TILE))
+
+
+def _kernel_input(sim: Tensor) -> Tensor:
+    """CPU kernels read float32/float64 (half is upcast); CUDA kernels every float dtype."""
+    if sim.dtype in _CPU_DTYPES or sim.device.type != "cpu":
+        return sim
+    return sim.float()
+
+
+def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
+             reduction: int):
+    s = _kernel_input(sim)
+    r = relevance if relevance.dtype == s.dtype else relevance.to(s.dtype)
+    acc = acc_dtype(s.dtype)
+    n, m = s.shape
+    q, ws_numel = _sizes(n, m, direction)
+    out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
+    ws = s.new_empty((ws_numel,), dtype=acc)
+    mp, ms0, ms1 = mask_args(mask)
+    args = (DTYPE_CODE[s.dtype], s.data_ptr(), s.stride(0), s.stride(1), r.data_ptr(), r.stride(0),
+            r.stride(1), mp, ms0, ms1, n, m, direction, reduction, tau, out.data_ptr(), ws.data_ptr())
+    if s.device.type == "cpu":
+        cpu_module().smooth_ndcg_forward(*args)
+    else:
+        part = s.new_empty((_partials_numel(n, m, direction),), dtype=acc)
+        with torch.cuda.device(s.device):
+            cuda_module().smooth_ndcg_forward(*args, part.data_ptr(), stream_of(s))
+    return out, ws
+
+
+def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
+              direction: int, reduction: int) -> Tensor:
+    s = _kernel_input(sim)
+    if grad_out.dtype != ws.dtype:
+        grad_out = grad_out.to(ws.dtype)
+    gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
+    n, m = s.shape
+    grad = s.new_empty((n, m))
+    mp, ms0, ms1 = mask_args(mask)
+    args = (DTYPE_CODE[s.dtype], s.data_ptr(), s.stride(0), s.stride(1), mp, ms0, ms1, n, m, direction,
+            reduction, tau, grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
+    if s.device.type == "cpu":
+        cpu_module().smooth_ndcg_backward(*args)
+    else:
+        with torch.cuda.device(s.device):
+            cuda_module().smooth_ndcg_backward(*args, stream_of(s))
+    return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
+
+
+# ---------------------------------------------------------------- eager: autograd.Function
+class _SmoothNDCG(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sim, relevance, mask, tau, direction, reduction):
+        out, ws = _forward(sim, relevance, mask, tau, direction, reduction)
+        ctx.mark_non_differentiable(ws)
+        ctx.save_for_backward(sim, mask, ws)
+        ctx.args = (tau, direction, reduction)
+        return out, ws
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_ws):
+        sim, mask, ws = ctx.saved_tensors
+        grad = _backward(grad_out, sim, mask, ws, *ctx.args) if ctx.needs_input_grad[0] else None
+        return grad, None, None, None, None, None
+
+
+# ---------------------------------------------------------------- torch.compile: custom ops
+@torch.library.custom_op("fastrank::smooth_ndcg", mutates_args=())
+def smooth_ndcg_op(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
+                   reduction: int) -> tuple[Tensor, Tensor]:
+    """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none;
+    ws (accumulation dtype) is what the backward needs."""
+    return _forward(sim, relevance, mask, tau, direction, reduction)
+
+
+@smooth_ndcg_op.register_fake
+def _(sim, relevance, mask, tau, direction, reduction):
     acc = acc_dtype(sim.dtype)
-    q, c = sim.shape
-    loss = sim.new_empty((q,), dtype=acc)
-    pi = sim.new_empty((q, c), dtype=acc)
-    call("smooth_ndcg_forward", sim, *mat(sim), *mat(relevance), q, c,
-         idcg.data_ptr(), float(tau), loss.data_ptr(), pi.data_ptr())
-    return loss, pi
+    q, ws_numel = _sizes(sim.shape[0], sim.shape[1], direction)
+    return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc),
+            sim.new_empty((ws_numel,), dtype=acc))
 
 
-@smooth_ndcg_fwd.register_fake
-def _(sim, relevance, idcg, tau):
-    acc = acc_dtype(sim.dtype)
-    return sim.new_empty((sim.shape[0],), dtype=acc), sim.new_empty(sim.shape, dtype=acc)
+@torch.library.custom_op("fastrank::smooth_ndcg_backward", mutates_args=())
+def smooth_ndcg_backward_op(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
+                            direction: int, reduction: int) -> Tensor:
+    """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
+    return _backward(grad_out, sim, mask, ws, tau, direction, reduction)
 
 
-@torch.library.custom_op("fastrank::smooth_ndcg_bwd", mutates_args=())
-def smooth_ndcg_bwd(grad_loss: Tensor, sim: Tensor, relevance: Tensor, idcg: Tensor,
-                    pi: Tensor, tau: float) -> Tensor:
-    """d sum_q(grad_loss[q] * loss[q]) / d sim, contiguous, in sim's dtype."""
-    out_dtype = sim.dtype
-    sim = sim.to(kernel_dtype(sim))
-    q, c = sim.shape
-    grad_loss = grad_loss.to(pi.dtype).contiguous()
-    grad = torch.empty((q, c), dtype=sim.dtype, device=sim.device)
-    call("smooth_ndcg_backward", sim, *mat(sim), *mat(relevance), q, c,
-         idcg.data_ptr(), pi.data_ptr(), grad_loss.data_ptr(), float(tau), grad.data_ptr())
-    return grad.to(out_dtype)
-
-
-@smooth_ndcg_bwd.register_fake
-def _(grad_loss, sim, relevance, idcg, pi, tau):
-    return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
+@smooth_ndcg_backward_op.register_fake
+def _(grad_out, sim, mask, ws, tau, direction, reduction):
+    return sim.new_empty(sim.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    sim, relevance, idcg, tau = inputs
-    ctx.save_for_backward(sim, relevance, idcg, output[1])
-    ctx.tau = tau
+    sim, relevance, mask, tau, direction, reduction = inputs
+    ctx.save_for_backward(sim, mask, output[1])
+    ctx.args = (tau, direction, reduction)
 
 
-def _backward(ctx, grad_loss, grad_pi):
-    sim, relevance, idcg, pi = ctx.saved_tensors
-    return smooth_ndcg_bwd(grad_loss, sim, relevance, idcg, pi, ctx.tau), None, None, None
+def _op_backward(ctx, grad_out, grad_ws):
+    sim, mask, ws = ctx.saved_tensors
+    return smooth_ndcg_backward_op(grad_out, sim, mask, ws, *ctx.args), None, None, None, None, None
 
 
-torch.library.register_autograd("fastrank::smooth_ndcg_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("fastrank::smooth_ndcg", _op_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- public API
+def _reference(sim: Tensor, relevance: Tensor, tau: float, direction: str, reduction: str,
+               mask: Optional[Tensor]) -> Tensor:
+    """The pure-PyTorch path (fastrank/reference/smooth_ndcg.py), same contract."""
+    acc = acc_dtype(sim.dtype)
+    s, r = sim.to(acc), relevance.detach().to(acc)
+    parts = [smooth_ndcg_per_query(orient(s, d), orient(r, d), tau, orient(mask, d))
+             for d in directions(direction)]
+    if mask is None or reduction != "mean":
+        return reduce(parts, reduction)
+    # SPEC 2.1a: the mean over the lists with at least one valid item (0 if none has)
+    counts = [orient(mask, d).any(dim=1).sum().clamp(min=1) for d in directions(direction)]
+    return sum(p.sum() / c for p, c in zip(parts, counts))
 
 
 def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, direction: str = "both",
-                     reduction: str = "mean", impl: str = "auto") -> Tensor:
-    """Smooth-NDCG listwise loss (SPEC.md 2.1; paper 000, Eq. 16-21).
+                     reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
+    """Smooth-NDCG listwise loss (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
         relevance: (N, M) graded relevance (2^r - 1 gains); no gradient flows to it.
         tau: temperature of the sigmoid that smooths the rank (> 0).
-        direction: "i2t", "t2i" or "both" (sum of the two).
-        reduction: "mean", "sum" or "none".
+        direction: "i2t" (rank each row), "t2i" (each column) or "both" (their sum).
+        reduction: "mean" (over the lists of each direction, directions summed), "sum",
+            or "none" (per-query losses, the N i2t queries first then the M t2i).
         impl: "auto", "native" or "reference".
+        mask: optional bool (N, M), True = the item is in the list (lists of different
+            lengths): row i's i2t list is {j : mask[i, j]}, column j's t2i list is
+            {i : mask[i, j]}. A masked entry takes part in no rank, gain, pair or IDCG and
+            its gradient is exactly 0. A list with no valid item (or all gains 0) has loss
+            0; "mean" averages over the lists with at least one valid item (0 if none).
+
+    Returns the loss in float32 (float64 for float64 sim): a scalar, or (Q,) for "none".
+    The native path is one fused forward and one fused backward for both directions,
+    with no host synchronisation on CUDA.
     """
     V.check_sim(sim)
     V.check_relevance(relevance, sim)
+    V.check_mask(mask, sim)
     tau = V.check_positive(tau, "tau")
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
-    acc = acc_dtype(sim.dtype)
-    relevance = relevance.detach().to(acc)
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
-        def per_query(s, r):
-            return smooth_ndcg_per_query(s.to(acc), r, tau)
-    else:
-        def per_query(s, r):
-            return smooth_ndcg_fwd(s, r, ideal_dcg(r), tau)[0]
-    return per_direction(direction, reduction, per_query, sim, relevance)
+        return _reference(sim, relevance, tau, direction, reduction, mask)
+    return apply(_SmoothNDCG, smooth_ndcg_op, sim, relevance, mask, tau, DIRECTION_CODE[direction],
+                 REDUCTION_CODE[reduction])[0]
 
 
 class SmoothNDCGLoss(torch.nn.Module):
-    """Module form of :func:`fastrank.smooth_ndcg_loss`: ``loss = SmoothNDCGLoss()(sim, relevance)``."""
+    """Module form of :func:`fastrank.smooth_ndcg_loss`:
+    ``loss = SmoothNDCGLoss()(sim, relevance)`` or ``(sim, relevance, mask=mask)``."""
 
     def __init__(self, tau: float = 0.01, direction: str = "both", reduction: str = "mean",
                  impl: str = "auto"):
@@ -111,8 +207,8 @@ class SmoothNDCGLoss(torch.nn.Module):
         self.reduction = V.check_reduction(reduction)
         self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, relevance: Tensor) -> Tensor:
-        return smooth_ndcg_loss(sim, relevance, self.tau, self.direction, self.reduction, self.impl)
+    def forward(self, sim: Tensor, relevance: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return smooth_ndcg_loss(sim, relevance, self.tau, self.direction, self.reduction, self.impl, mask)
 
     def extra_repr(self) -> str:
         return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -160,15 +161,21 @@ enum Reduction : int { kNone = 0, kMean = 1, kSum = 2 };
 // ---- NaN propagation (SPEC.md section 1) -------------------------------------------------
 // On CUDA no host check runs by default: a NaN or inf in the input must reach the loss
 // and the gradient. std::max(NaN, 0) and fmaxf(NaN, 0) return 0, so the kernels use these:
-//  - hinge_nan(x) = [x]+ for numbers, NaN for NaN (and for -inf: 0 * inf), branch-free;
+//  - hinge_nan(x) = [x]+ for numbers, NaN for NaN (and for -inf);
 //  - max_nan / min_nan: NaN wins (once the running value is NaN it stays NaN);
-//  - poison(x) = 0 * x: 0 for finite x, NaN for NaN or +-inf. A kernel adds the poison of
+//  - poison(x): 0 for finite x, NaN for NaN or +-inf. A kernel adds the poison of
 //    every value it read but did not otherwise fold into an output, so a non-finite
-//    input can never yield a finite result (0 * x survives: no -ffinite-math-only).
-template <typename A> FR_HD A hinge_nan(A x) { return x > A(0) ? x : A(0) * x; }
+//    input can never yield a finite result.
+// poison is a comparison and a select, not arithmetic: under the CPU flags
+// (-fassociative-math -fno-signed-zeros, CMakeLists.txt) GCC 12 folds 0 * x to 0, and
+// x - x inside a larger sum can be reassociated away, losing the NaN; comparisons stay.
+template <typename A> FR_HD A poison(A x) {
+  return (x >= -std::numeric_limits<A>::max() && x <= std::numeric_limits<A>::max())
+             ? A(0) : std::numeric_limits<A>::quiet_NaN();
+}
+template <typename A> FR_HD A hinge_nan(A x) { return x > A(0) ? x : poison(x); }
 template <typename A> FR_HD A max_nan(A a, A b) { return (b > a || b != b) ? b : a; }
 template <typename A> FR_HD A min_nan(A a, A b) { return (b < a || b != b) ? b : a; }
-template <typename A> FR_HD A poison(A x) { return A(0) * x; }
 
 // ---- NDCG pieces (paper 000, Eq. 17) -------------------------------------------------
 // gain g = 2^r - 1; discount f(p) = 1 / log2(1 + p) = ln 2 / ln(1 + p);
