@@ -78,7 +78,8 @@ def test_approxndcg_allrank_own_test_value():
         assert approxNDCGLoss(y_pred, y_true, impl=impl).item() == pytest.approx(-0.8499219417, rel=1e-6)
         assert approxNDCGLoss(y_pred_pad, y_true_pad, alpha=1.0, impl=impl).item() == \
             pytest.approx(-0.8499219417, rel=1e-6)
-    assert approx_ndcg_oracle(y_pred, y_true).item() == pytest.approx(-0.8499219417, rel=1e-9)
+    # allRank's expected value was computed in float32 (rel. difference 5e-8 from float64)
+    assert approx_ndcg_oracle(y_pred, y_true).item() == pytest.approx(-0.8499219417, rel=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
