@@ -3,6 +3,7 @@
     python benchmarks/bench_slate.py                   # CPU: batch 256 x list 128, batch 32 x list 1024
     python benchmarks/bench_slate.py --device cuda     # the same on a GPU
     python benchmarks/bench_slate.py --quick           # tiny sizes, seconds (smoke run)
+    OMP_NUM_THREADS=1 python benchmarks/bench_slate.py --threads 1   # one thread (a loaded machine)
 
 Input as allRank feeds its losses: y_pred and y_true of shape (batch, slate_length),
 slates of different lengths padded at the end to the longest, padded labels -1; here each
@@ -158,7 +159,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=None, help="timed calls per case (default 20, quick 3)")
     ap.add_argument("--budget", type=float, default=10.0, help="seconds of timed repeats per case at most")
     ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (set OMP_NUM_THREADS to the same for fastrank's OpenMP kernels)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
 
@@ -211,7 +213,8 @@ def main(argv=None):
     if not args.no_write:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"slate-{device.type}-{_dt.date.today().isoformat()}" + ("-quick" if args.quick else "")
+        stem = (f"slate-{device.type}-{_dt.date.today().isoformat()}" + ("-quick" if args.quick else "")
+                + (f"-{args.threads}thread" if args.threads else ""))
         (out / f"{stem}.json").write_text(json.dumps(payload, indent=1, default=str))
         (out / f"{stem}.md").write_text(md)
         print(f"wrote {out / stem}.json and .md")

@@ -132,6 +132,16 @@ def test_approxndcg_conventions():
     torch.testing.assert_close(approxNDCGLoss(s, y_neg), approx_ndcg_oracle(s, y_neg))
 
 
+@pytest.mark.slow
+def test_approxndcg_compiles_fullgraph():
+    y_pred, y_true = slates(seed=9, dtype=torch.float32)
+    x = y_pred.clone().requires_grad_()
+    out = torch.compile(approxNDCGLoss, fullgraph=True)(x, y_true)
+    out.backward()
+    torch.testing.assert_close(out, approxNDCGLoss(y_pred, y_true))
+    assert bool((x.grad[y_true == -1] == 0).all())
+
+
 def test_approxndcg_half_precision():
     y_pred, y_true = slates(seed=5, dtype=torch.float32)
     x = y_pred.to(torch.bfloat16).requires_grad_()
@@ -437,3 +447,30 @@ def test_clip_loss_cuda_matches_cpu():
     loss = ClipLoss(listwise_weight=1.0, tau=0.05)
     got = loss(img.cuda(), txt.cuda(), scale.cuda(), relevance=rel.cuda())
     torch.testing.assert_close(got.cpu(), loss(img, txt, scale, relevance=rel), rtol=1e-5, atol=1e-5)
+
+
+# ====================================================================== slate benchmark
+def test_bench_slate_quick_run(tmp_path):
+    """benchmarks/bench_slate.py --quick runs end to end, writes its JSON and markdown, and
+    its allRank baseline agrees with the adapter (the compiled baseline is left out: CPU
+    compilation takes minutes)."""
+    import json
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_slate.py"), "--quick",
+                           "--impls", "fastrank,allrank", "--repeats", "2", "--out", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (js,) = tmp_path.glob("slate-cpu-*-quick.json")
+    payload = json.loads(js.read_text())
+    assert len(payload["cases"]) == 2
+    for case in payload["cases"]:
+        assert case["max_abs_diff"] is not None and case["max_abs_diff"] < 1e-5
+        assert 0.1 < case["padding"] < 0.5
+        for impl in ("fastrank", "allrank"):
+            assert case["results"][impl]["time"]["median_s"] > 0
+        assert case["speedup"]["allrank"] > 0
+    md = js.with_suffix(".md").read_text()
+    assert "| batch x list |" in md and "speed-up vs eager" in md
