@@ -67,7 +67,7 @@ def approxNDCGLoss(y_pred: Tensor, y_true: Tensor, eps: float = DEFAULT_EPS,
         impl: fastrank's ``"auto"`` / ``"native"`` / ``"reference"`` (keyword only).
 
     Returns:
-        the scalar ``-mean over slates of approx NDCG`` (in [-1, 0]).
+        the scalar ``-mean over slates of approx NDCG``.
 
     Differences from allRank's code, all below float rounding unless scores differ by
     more than ~23 / alpha: allRank floors each pairwise sigmoid at ``eps`` (1e-10; a
