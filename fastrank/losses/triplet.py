@@ -111,6 +111,17 @@ def triplet_per_query(s: Tensor, pos: Tensor, margin: float, mining: str, gamma:
     return torch.where(has_neg, loss, torch.zeros_like(loss))
 
 
+def all_negatives_diagonal(s: Tensor, margin: float) -> Tensor:
+    """``"all"`` mining when query q's only positive is candidate q (the default diagonal):
+    sum_{k != q} [margin + s_k - s_q]+ for each query, directly in O(Q C) time and memory
+    (as VSE++ computes it); several times faster than the sort-based
+    :func:`pair_hinge_sums`, which serves any number of positives per query."""
+    q, c = s.shape
+    h = torch.relu(margin + s - s.diagonal().unsqueeze(1))
+    own = torch.eye(q, c, dtype=torch.bool, device=s.device)
+    return h.masked_fill(own, 0.0).sum(dim=1)
+
+
 def triplet_loss(sim: Tensor, margin: float = 0.2, mining: str = "hardest", gamma: float = 50.0,
                  positives: Optional[Tensor] = None, direction: str = "both",
                  reduction: str = "mean") -> Tensor:
@@ -135,6 +146,7 @@ def triplet_loss(sim: Tensor, margin: float = 0.2, mining: str = "hardest", gamm
         a scalar, or a 1-D tensor for ``reduction="none"``.
     """
     V.check_sim(sim)
+    diagonal = positives is None
     positives = V.check_positives(positives, sim)
     margin = V.check_nonnegative(margin, "margin")
     mining = check_mining(mining)
@@ -143,6 +155,8 @@ def triplet_loss(sim: Tensor, margin: float = 0.2, mining: str = "hardest", gamm
     V.check_reduction(reduction)
 
     def per_query(s, pos):
+        if diagonal and mining == "all":
+            return all_negatives_diagonal(s, margin)
         return triplet_per_query(s, pos, margin, mining, gamma)
 
     return per_direction(direction, reduction, per_query, to_acc(sim), positives)

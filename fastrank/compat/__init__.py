@@ -1,0 +1,14 @@
+"""Drop-in adapters: the loss signatures that existing training code already calls,
+computed by fastrank (SPEC.md 2.1a: each follows its peer's conventions).
+
+- :func:`approxNDCGLoss` (allRank, slates with padding) on the smooth-NDCG kernel;
+- :class:`ContrastiveLoss` (VSE++ / VSE-infinity) on :func:`fastrank.triplet_loss`;
+- :class:`ClipLoss` (open_clip) with an optional fastrank listwise term.
+
+See docs/porting.md for the before/after lines of each trainer.
+"""
+from .allrank import approxNDCGLoss
+from .open_clip import ClipLoss
+from .vsepp import ContrastiveLoss
+
+__all__ = ["approxNDCGLoss", "ContrastiveLoss", "ClipLoss"]

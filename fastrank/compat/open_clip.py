@@ -1,0 +1,194 @@
+"""open_clip's ``ClipLoss``, plus an optional fastrank listwise term.
+
+open_clip (https://github.com/mlfoundations/open_clip, ``src/open_clip/loss.py``) trains
+CLIP with the symmetric InfoNCE loss of a batch of N image-text pairs:
+
+    logits = logit_scale * image_features @ text_features.T (+ logit_bias)
+    loss   = (CE(logits, arange(N)) + CE(logits.T, arange(N))) / 2
+
+:class:`ClipLoss` has the same constructor and call (``loss(image_features,
+text_features, logit_scale, logit_bias=None, output_dict=False)``, which is how
+open_clip's training loop calls it: ``loss(**model_out, output_dict=True)``) and returns
+the same value. On top of it, ``listwise_weight > 0`` adds a graded ranking term of
+fastrank (smooth-NDCG, paper 000, or Kendall, paper 001) on the similarity matrix
+``image_features @ text_features.T``, with the (N, N) relevance of the batch either
+passed in (``relevance=``) or computed from the batch's captions (``captions=``) with a
+:class:`fastrank.relevance.CaptionEncoder` (RSC, paper 000 Eq. 8).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _validation as V
+from ..ops.kendall import kendall_loss
+from ..ops.smooth_ndcg import smooth_ndcg_loss
+
+__all__ = ["ClipLoss", "LISTWISE_LOSSES"]
+
+LISTWISE_LOSSES = {"smooth_ndcg": smooth_ndcg_loss, "kendall": kendall_loss}
+_DATA_ARGS = ("sim", "relevance", "mask")
+
+
+def _listwise_params(name: str) -> set:
+    sig = inspect.signature(LISTWISE_LOSSES[name])
+    return {p for p in sig.parameters if p not in _DATA_ARGS}
+
+
+class ClipLoss(torch.nn.Module):
+    """Drop-in for ``open_clip.loss.ClipLoss`` with an optional fastrank listwise term.
+
+    Args (open_clip's):
+        local_loss, gather_with_grad, use_horovod, rank: multi-process options, kept for
+            the signature; only ``world_size=1`` is supported (for data-parallel
+            training of fastrank's losses see :class:`fastrank.distributed.LocalLoss`).
+        cache_labels: cache the ``arange`` labels per device, as open_clip does.
+        world_size: must be 1.
+    Args (fastrank's, keyword only):
+        listwise_weight: weight of the listwise term (>= 0; 0 = exactly open_clip's loss).
+        listwise: ``"smooth_ndcg"`` (default) or ``"kendall"``.
+        caption_encoder: object with ``encode(captions) -> (N, D) tensor`` used for
+            ``captions=`` (default: a :class:`fastrank.relevance.CaptionEncoder`, the bundled
+            all-MiniLM-L6-v2, created on first use).
+        **listwise_kwargs: passed to the listwise loss (``tau=`` for smooth-NDCG,
+            ``alpha=`` for Kendall, ``direction=``, ``reduction=``, ``impl=``).
+
+    ``forward(image_features, text_features, logit_scale, logit_bias=None,
+    output_dict=False, *, relevance=None, captions=None)``:
+    image_features and text_features are (N, D) (pair i = image i, text i); logit_scale
+    a number or a scalar tensor (already exponentiated, as open_clip's model returns it).
+    With the listwise term on, pass ``relevance`` ((N, N), relevance[i, j] of text j to
+    image i, e.g. from :class:`fastrank.relevance.BatchRelevance`) or ``captions`` (the N
+    caption strings of the batch: r = (1 + cos) / 2 of their sentence embeddings, 1 on the
+    diagonal). Returns ``contrastive + listwise_weight * listwise``, or with
+    ``output_dict=True`` ``{"contrastive_loss": ..., "listwise_loss": weighted term}``
+    (the second key only when the term is on), which open_clip's loop sums.
+    """
+
+    def __init__(self, local_loss: bool = False, gather_with_grad: bool = False,
+                 cache_labels: bool = False, rank: int = 0, world_size: int = 1,
+                 use_horovod: bool = False, *, listwise_weight: float = 0.0,
+                 listwise: str = "smooth_ndcg", caption_encoder=None, **listwise_kwargs):
+        super().__init__()
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size != 1:
+            raise ValueError(
+                f"world_size must be 1: fastrank.compat.ClipLoss is the single-process loss, got "
+                f"{world_size!r}; for data-parallel training see fastrank.distributed.LocalLoss")
+        if use_horovod:
+            raise ValueError("use_horovod=True is not supported (world_size must be 1)")
+        self.local_loss = bool(local_loss)
+        self.gather_with_grad = bool(gather_with_grad)
+        self.cache_labels = bool(cache_labels)
+        self.rank = rank
+        self.world_size = world_size
+        self.use_horovod = bool(use_horovod)
+        self.prev_num_logits = 0
+        self.labels = {}
+
+        self.listwise_weight = V.check_nonnegative(listwise_weight, "listwise_weight")
+        self.listwise = V.check_choice(listwise, "listwise", tuple(LISTWISE_LOSSES))
+        allowed = _listwise_params(self.listwise)
+        unknown = sorted(set(listwise_kwargs) - allowed)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {unknown} for listwise={self.listwise!r}; "
+                            f"it takes {sorted(allowed)}")
+        self.listwise_kwargs = dict(listwise_kwargs)
+        if caption_encoder is not None and (isinstance(caption_encoder, (str, bytes))
+                                            or not callable(getattr(caption_encoder, "encode", None))):
+            raise TypeError("caption_encoder must be an object with an encode(captions) method, e.g. "
+                            "fastrank.relevance.CaptionEncoder('all-MiniLM-L6-v2'), got "
+                            f"{type(caption_encoder).__name__}")
+        self.caption_encoder = caption_encoder
+
+    # ------------------------------------------------------------------ open_clip's parts
+    def get_ground_truth(self, device, num_logits: int) -> Tensor:
+        if self.prev_num_logits != num_logits or device not in self.labels:
+            labels = torch.arange(num_logits, device=device, dtype=torch.long)
+            if self.cache_labels:
+                self.labels[device] = labels
+                self.prev_num_logits = num_logits
+        else:
+            labels = self.labels[device]
+        return labels
+
+    def get_logits(self, image_features: Tensor, text_features: Tensor, logit_scale,
+                   logit_bias=None):
+        logits_per_image = logit_scale * image_features @ text_features.T
+        logits_per_text = logit_scale * text_features @ image_features.T
+        if logit_bias is not None:
+            logits_per_image = logits_per_image + logit_bias
+            logits_per_text = logits_per_text + logit_bias
+        return logits_per_image, logits_per_text
+
+    # ------------------------------------------------------------------ fastrank's part
+    def batch_relevance(self, captions: Sequence[str], device, dtype) -> Tensor:
+        """(N, N) RSC relevance of a batch's captions (paper 000 Eq. 8), on ``device``."""
+        from ..relevance import CaptionEncoder, relevance_matrix
+
+        if self.caption_encoder is None:
+            self.caption_encoder = CaptionEncoder()
+        emb = self.caption_encoder.encode(captions)
+        if not isinstance(emb, Tensor):
+            emb = torch.as_tensor(emb)
+        emb = emb.to(device)
+        return relevance_matrix(emb, emb).to(dtype)
+
+    def listwise_loss(self, image_features: Tensor, text_features: Tensor,
+                      relevance: Optional[Tensor] = None,
+                      captions: Optional[Sequence[str]] = None) -> Tensor:
+        """The unweighted listwise term on ``image_features @ text_features.T``."""
+        sim = image_features @ text_features.T
+        if relevance is None:
+            if captions is None:
+                raise ValueError("listwise_weight > 0 needs relevance= (an (N, N) tensor) or captions= "
+                                 "(the batch's N caption strings) in the call")
+            if isinstance(captions, str) or len(captions) != sim.shape[1]:
+                raise ValueError(f"captions must be a list of the batch's {sim.shape[1]} caption strings, "
+                                 f"got {type(captions).__name__} of length "
+                                 f"{len(captions) if not isinstance(captions, str) else 1}")
+            relevance = self.batch_relevance(captions, sim.device, sim.dtype)
+        elif captions is not None:
+            raise ValueError("pass relevance= or captions=, not both")
+        return LISTWISE_LOSSES[self.listwise](sim, relevance, **self.listwise_kwargs)
+
+    # ------------------------------------------------------------------ the call
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale,
+                logit_bias=None, output_dict: bool = False, *, relevance: Optional[Tensor] = None,
+                captions: Optional[Sequence[str]] = None):
+        V.check_tensor(image_features, "image_features", 2, finite=False)
+        V.check_tensor(text_features, "text_features", 2, finite=False)
+        if text_features.device != image_features.device:
+            raise ValueError(f"text_features is on {text_features.device} but image_features is on "
+                             f"{image_features.device}")
+        if text_features.shape != image_features.shape:
+            raise ValueError(f"image_features and text_features must be (N, D) features of N image-text "
+                             f"pairs with the same shape, got {tuple(image_features.shape)} and "
+                             f"{tuple(text_features.shape)}")
+        if isinstance(logit_scale, Tensor):
+            if logit_scale.numel() != 1:
+                raise ValueError(f"logit_scale must be a number or a one-element tensor, got shape "
+                                 f"{tuple(logit_scale.shape)}")
+        elif isinstance(logit_scale, bool) or not isinstance(logit_scale, (int, float)):
+            raise TypeError(f"logit_scale must be a number or a tensor, got {type(logit_scale).__name__}")
+
+        logits_per_image, logits_per_text = self.get_logits(image_features, text_features, logit_scale,
+                                                            logit_bias)
+        labels = self.get_ground_truth(image_features.device, logits_per_image.shape[0])
+        contrastive = (F.cross_entropy(logits_per_image, labels)
+                       + F.cross_entropy(logits_per_text, labels)) / 2
+        if self.listwise_weight == 0:
+            return {"contrastive_loss": contrastive} if output_dict else contrastive
+        listwise = self.listwise_weight * self.listwise_loss(image_features, text_features,
+                                                             relevance, captions)
+        if output_dict:
+            return {"contrastive_loss": contrastive, "listwise_loss": listwise}
+        return contrastive + listwise
+
+    def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.listwise_kwargs.items())
+        return (f"cache_labels={self.cache_labels}, listwise_weight={self.listwise_weight}, "
+                f"listwise={self.listwise!r}{extra}")
