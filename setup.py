@@ -99,6 +99,18 @@ def stale_cache_reason(build_dir: Path, generator: str):
     return None
 
 
+def python_package_tool(package: str, attr: str, exe: str):
+    """The executable of the cmake / ninja Python package of this environment (the build
+    requirements), which `python setup.py ...` in a virtualenv that is not activated does
+    not have on PATH."""
+    try:
+        mod = __import__(package)
+        path = os.path.join(getattr(mod, attr), exe)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
 def build_tools():
     """(cmake, generator, make program): Ninja when it is installed, else Unix Makefiles.
 
@@ -106,10 +118,10 @@ def build_tools():
     environment, a new directory each time; the cache of an earlier build still names
     the old ones, so the make program is always passed explicitly.
     """
-    cmake = shutil.which("cmake")
+    cmake = python_package_tool("cmake", "CMAKE_BIN_DIR", "cmake") or shutil.which("cmake")
     if cmake is None:
         raise RuntimeError("cmake was not found: pip install cmake (pip install . does it for you)")
-    ninja = shutil.which("ninja")
+    ninja = python_package_tool("ninja", "BIN_DIR", "ninja") or shutil.which("ninja")
     if ninja:
         return cmake, "Ninja", ninja
     make = shutil.which("make") or shutil.which("gmake")
