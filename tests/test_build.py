@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ import sys
 import sysconfig
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -256,6 +258,14 @@ def test_sdist_and_portable_wheel(tmp_path):
     run("FASTRANK_CPU_NATIVE=0 pip wheel .", [python, "-m", "pip", "wheel", "--no-deps", "-w",
                                               tmp_path / "wheelhouse", "."], src, wenv)
     (wheel,) = (tmp_path / "wheelhouse").glob("fastrank-*.whl")
+    if platform.machine() in ("x86_64", "AMD64") and shutil.which("objdump"):
+        # baseline x86-64: no AVX (ymm / zmm registers) anywhere in the CPU module
+        with zipfile.ZipFile(wheel) as zf:
+            (so,) = [n for n in zf.namelist() if "/_C_cpu" in n]
+            (tmp_path / "portable.so").write_bytes(zf.read(so))
+        dis = subprocess.run(["objdump", "-d", str(tmp_path / "portable.so")], check=True,
+                             capture_output=True, text=True).stdout
+        assert not re.search(r"%[yz]mm", dis), "the portable CPU module uses AVX registers"
     run("portable wheel: pip install", [python, "-m", "pip", "install", "--no-deps", "--force-reinstall", wheel],
         tmp_path, env)
     info = check_import(python, tmp_path, env, "portable wheel")
