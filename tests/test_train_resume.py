@@ -39,18 +39,19 @@ VALUES = {
 }
 
 DRIVER = textwrap.dedent("""
-    import os, signal, sys
+    import faulthandler, os, signal, sys
     import torch
     torch.set_num_threads(1)
-    mode, epoch, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    faulthandler.dump_traceback_later(200, exit=True)   # a hang fails with every thread's stack
+    mode, epoch, rank, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
     if mode != "plain":
         from fastrank.train import loop
         save, fired = loop.Trainer._save_last, []
 
         def save_then_stop(self):
             path = save(self)
-            # right after the first mid-epoch checkpoint of epoch `epoch` (0-based), on rank 0
-            if self.step > 0 and self.epoch == epoch and self.is_main and not fired:
+            # right after the first mid-epoch checkpoint of epoch `epoch` (0-based), on rank `rank`
+            if self.step > 0 and self.epoch == epoch and self.rank == rank and not fired:
                 fired.append(1)
                 os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGTERM)
             return path
@@ -60,30 +61,47 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def _toml(v) -> str:
+    """A TOML value (what ``--set key=value`` parses)."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return json.dumps(v)
+
+
 def _set_flags(values):
-    out = []
-    for k, v in values.items():
-        if isinstance(v, dict):
-            v = "{" + ", ".join(f"{kk} = {json.dumps(vv)}" for kk, vv in v.items()) + "}"
-        else:
-            v = json.dumps(v)
-        out.append(f"--set={k}={v}")
-    return out
+    return [f"--set={k}={_toml(v)}" for k, v in values.items()]
 
 
-def _train(tmp_path, out, mode="plain", epoch=0, resume=False, torchrun=False, **extra):
-    """Run ``fastrank train`` on the demo data in a subprocess; returns the CompletedProcess."""
+def _start(tmp_path, out, mode="plain", epoch=0, rank=0, resume=False, torchrun=False, **extra):
+    """Start ``fastrank train`` on the demo data in a subprocess (through DRIVER); returns the Popen."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     values = dict(VALUES, **extra)
-    args = [str(driver), mode, str(epoch), "train", "--data", "demo", "--out", str(out), "--no-progress",
+    args = [str(driver), mode, str(epoch), str(rank), "train", "--data", "demo", "--out", str(out), "--no-progress",
             *_set_flags(values)] + (["--resume"] if resume else [])
     if torchrun:
         args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "--monitor_interval", "0.2"] + args
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _wait(proc):
+    """(returncode, stdout, stderr) of a process from :func:`_start`."""
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, out, err
+
+
+def _train(tmp_path, out, **kw):
+    return _wait(_start(tmp_path, out, **kw))
 
 
 def _lines(out):
@@ -92,10 +110,10 @@ def _lines(out):
             for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
-def _assert_same_run(a, b):
+def _assert_same_run(a, b, epochs):
     """Two finished runs: identical weights, optimizer state and metrics.jsonl lines."""
     ca, cb = load_checkpoint(Path(a) / "last.pt"), load_checkpoint(Path(b) / "last.pt")
-    assert ca["epoch"] == cb["epoch"] == VALUES["train.epochs"] and ca["step"] == cb["step"] == 0
+    assert ca["epoch"] == cb["epoch"] == epochs and ca["step"] == cb["step"] == 0
     for k, v in ca["model"].items():
         assert torch.equal(v, cb["model"][k]), k
     oa, ob = ca["optimizer"]["state"], cb["optimizer"]["state"]
@@ -104,64 +122,68 @@ def _assert_same_run(a, b):
         for k in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(oa[i][k], ob[i][k]), (i, k)
     la, lb = _lines(a), _lines(b)
-    assert len(la) == VALUES["train.epochs"] and la == lb
+    assert len(la) == epochs and la == lb
     assert not [p for p in Path(b).iterdir() if p.name.endswith(".tmp")]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted single-process run."""
-    tmp = tmp_path_factory.mktemp("ref")
-    r = _train(tmp, tmp / "run")
-    assert r.returncode == 0, r.stdout + r.stderr
-    return tmp / "run"
-
-
-def test_kill9_after_first_midepoch_checkpoint_then_resume(tmp_path, reference):
-    out = tmp_path / "run"
-    r = _train(tmp_path, out, mode="kill", epoch=0)
-    assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
+def test_kill9_then_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
+    """One run stopped twice: kill -9 right after its first mid-epoch checkpoint (epoch 1,
+    step 4), resumed; SIGTERM in epoch 2 (stops after the step it came in: step 5, exit 143,
+    one line), resumed to the end. Weights, Adam state and metrics.jsonl equal the run that was
+    never stopped (either resume being inexact would show)."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    reference = _start(tmp_path, ref)                   # the uninterrupted run, alongside
+    rc, so, se = _train(tmp_path, out, mode="kill", epoch=0)
+    assert rc == -signal.SIGKILL, so + se
     ck = load_checkpoint(out / "last.pt")
     assert (ck["epoch"], ck["step"]) == (0, 4)          # died right after the first mid-epoch save
-    r = _train(tmp_path, out, resume=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "resumed from" in r.stdout and "epoch 1, step 4" in r.stdout
-    _assert_same_run(reference, out)
+    assert not (out / "metrics.jsonl").read_text()
 
-
-def test_sigterm_stops_cleanly_then_resume(tmp_path, reference):
-    out = tmp_path / "run"
-    r = _train(tmp_path, out, mode="term", epoch=1)     # in the second epoch: history, lr decay
-    assert r.returncode == 128 + signal.SIGTERM, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr
-    stop = [ln for ln in r.stdout.splitlines() if "stopped by SIGTERM" in ln]
-    assert len(stop) == 1 and "last.pt" in stop[0] and "--resume" in stop[0], r.stdout
+    rc, so, se = _train(tmp_path, out, mode="term", epoch=1, resume=True)
+    assert rc == 128 + signal.SIGTERM, so + se
+    assert "resumed from" in so and "epoch 1, step 4" in so, so
+    assert "Traceback" not in se, se
+    stop = [ln for ln in so.splitlines() if "stopped by SIGTERM" in ln]
+    assert len(stop) == 1 and "last.pt" in stop[0] and "--resume" in stop[0], so
     ck = load_checkpoint(out / "last.pt")
-    assert (ck["epoch"], ck["step"]) == (1, 5)          # the step during which the signal came, finished
+    assert (ck["epoch"], ck["step"]) == (1, 5)          # the step the signal came in, finished
     assert len(_lines(out)) == 1
-    r = _train(tmp_path, out, resume=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    _assert_same_run(reference, out)
+
+    rc, so, se = _train(tmp_path, out, resume=True)
+    assert rc == 0, so + se
+    rc, so, se = _wait(reference)
+    assert rc == 0, so + se
+    _assert_same_run(ref, out, VALUES["train.epochs"])
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-def test_torchrun_two_gloo_processes_killed_and_resumed(tmp_path):
-    extra = {"loss.options": {"triplet": {"mining": "soft", "gamma": 10.0}}, "train.epochs": 1}
+def test_torchrun_two_gloo_processes_killed_stopped_and_resumed(tmp_path):
+    """2 gloo processes under torchrun: rank 0 killed -9 right after the first mid-epoch
+    checkpoint, resumed; then SIGTERM to rank 1 only (the ranks agree and stop at the same
+    step, rank 0 writes), resumed: the same as the uninterrupted 2-process run."""
+    extra = {"loss.options": {"triplet": {"mining": "soft", "gamma": 10.0}}, "train.epochs": 1,
+             "loss.warmup_epochs": 0}
     ref, out = tmp_path / "ref", tmp_path / "run"
-    r = _train(tmp_path, ref, torchrun=True, **extra)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = _train(tmp_path, out, mode="kill", epoch=0, torchrun=True, **extra)
-    assert r.returncode != 0
+    reference = _start(tmp_path, ref, torchrun=True, **extra)
+    rc, so, se = _train(tmp_path, out, mode="kill", epoch=0, torchrun=True, **extra)
+    assert rc != 0
     ck = load_checkpoint(out / "last.pt")
     assert (ck["epoch"], ck["step"], ck["world_size"]) == (0, 4, 2)
     assert ck["epoch_sums"].shape == (2, 3)              # each rank's running loss sums
-    r = _train(tmp_path, out, resume=True, torchrun=True, **extra)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("resumed from") == 1           # rank 0 speaks
-    ca, cb = load_checkpoint(ref / "last.pt"), load_checkpoint(out / "last.pt")
-    for k, v in ca["model"].items():
-        assert torch.equal(v, cb["model"][k]), k
-    assert _lines(ref) == _lines(out) and len(_lines(out)) == 1
+
+    rc, so, se = _train(tmp_path, out, mode="term", epoch=0, rank=1, resume=True, torchrun=True, **extra)
+    assert rc != 0
+    assert so.count("resumed from") == 1                 # rank 0 speaks
+    stop = [ln for ln in so.splitlines() if "stopped by SIGTERM" in ln]
+    assert len(stop) == 1 and "epoch 1, step 9/15" in stop[0], so + se
+    ck = load_checkpoint(out / "last.pt")
+    assert (ck["epoch"], ck["step"]) == (0, 9)
+
+    rc, so, se = _train(tmp_path, out, resume=True, torchrun=True, **extra)
+    assert rc == 0, so + se
+    rc, so, se = _wait(reference)
+    assert rc == 0, so + se
+    _assert_same_run(ref, out, 1)
 
 
 # ----------------------------------------------------------------------------- in-process
