@@ -271,11 +271,13 @@ def test_cli_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
     assert "resumed from" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["missing", "text", "state_dict", "pickled_code"])
+@pytest.mark.parametrize("kind", ["missing", "text", "short_text", "state_dict", "pickled_code"])
 def test_cli_resume_foreign_file(tmp_path, capsys, kind):
     path = tmp_path / f"{kind}.pt"
     if kind == "text":
         path.write_text("not a checkpoint\n")
+    elif kind == "short_text":
+        path.write_text("hi\n")             # the weights-only unpickler fails with a KeyError
     elif kind == "state_dict":
         torch.save(torch.nn.Linear(2, 2).state_dict(), path)
     elif kind == "pickled_code":
