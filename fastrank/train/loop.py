@@ -542,10 +542,16 @@ class Trainer:
                 signal.signal(sig, handler)
         return self.history
 
-    def close(self) -> None:
-        """Destroy the process group if this trainer created it."""
+    def close(self, orderly: bool = True) -> None:
+        """Destroy the process group if this trainer created it. orderly (every rank got here:
+        training ended or stopped on an agreed signal): after a barrier, since a rank tearing
+        the group down while another still talks to it can hang. Not orderly (an error on this
+        rank, the others may be inside a collective): leave it to the process exit."""
         if self._owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
+            if orderly:
+                if self.world_size > 1:
+                    dist.barrier()
+                dist.destroy_process_group()
             self._owns_pg = False
 
     # ------------------------------------------------------------------ checkpoints
