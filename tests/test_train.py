@@ -220,9 +220,15 @@ def test_resume_equals_straight_run(tmp_path):
     assert not all(torch.equal(c.model.state_dict()[k], b1.model.state_dict()[k]) for k in sa)
 
 
-def test_resume_needs_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match="last.pt"):
-        Trainer(tiny_config(tmp_path / "none"), resume=True)
+def test_resume_without_checkpoint_starts_fresh(tmp_path):
+    """resume=True with no last.pt yet (a run killed before its first checkpoint): start from
+    scratch and say so in one line; resume=PATH naming a missing file: an error naming it."""
+    lines = []
+    tr = Trainer(tiny_config(tmp_path / "none"), resume=True, log=lines.append)
+    assert tr.epoch == 0 and tr.step == 0 and tr.resumed_from is None
+    assert len(lines) == 1 and "starting from scratch" in lines[0] and "last.pt" in lines[0]
+    with pytest.raises(FileNotFoundError, match="elsewhere.pt"):
+        Trainer(tiny_config(tmp_path / "none"), resume=tmp_path / "elsewhere.pt")
 
 
 def test_loss_needing_relevance_without_source(tmp_path):

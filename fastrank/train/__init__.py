@@ -2,21 +2,23 @@
 (``fastrank demo``).
 
 - :class:`Trainer` (``fastrank.train.loop``): VSE model + ``CombinedLoss`` with AdamW, step
-  decay, clipping, AMP on CUDA, evaluation every epoch, atomic checkpoints and ``--resume``,
+  decay, clipping, AMP on CUDA, evaluation every epoch, atomic mid-epoch checkpoints (loadable
+  with ``weights_only=True``), exact ``--resume``, a clean stop on SIGTERM / SIGUSR1,
   data parallel under ``torchrun`` via ``fastrank.distributed.LocalLoss``.
 - :class:`Config` / :func:`load_config` (``fastrank.train.config``): TOML + flag overrides.
 - :func:`run_demo` (``fastrank.train.demo``): the seed recipes of the five papers side by side.
 """
 from .config import (Config, DataConfig, EvalConfig, LossConfig, ModelConfig, OptimConfig,
                      RelevanceConfig, TrainConfig, load_config, parse_override)
-from .checkpoint import load_checkpoint, save_atomic
+from .checkpoint import CheckpointError, CheckpointNotFoundError, load_checkpoint, save_atomic
 from .relevance_source import CaptionRelevance, embed_captions
-from .loop import (Trainer, build_model, epoch_batches, evaluate_checkpoint, load_datasets,
-                   model_from_checkpoint)
+from .loop import (Trainer, TrainingInterrupted, build_model, epoch_batches, evaluate_checkpoint,
+                   load_datasets, model_from_checkpoint)
 
 __all__ = ["Config", "DataConfig", "EvalConfig", "LossConfig", "ModelConfig", "OptimConfig",
            "RelevanceConfig", "TrainConfig", "load_config", "parse_override", "load_checkpoint",
-           "save_atomic", "CaptionRelevance", "embed_captions", "Trainer", "build_model",
+           "save_atomic", "CheckpointError", "CheckpointNotFoundError", "TrainingInterrupted",
+           "CaptionRelevance", "embed_captions", "Trainer", "build_model",
            "epoch_batches", "evaluate_checkpoint", "load_datasets", "model_from_checkpoint", "run_demo"]
 
 

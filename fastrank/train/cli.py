@@ -2,7 +2,8 @@
 
     fastrank train --config configs/coco_vse_listwise.toml --out runs/coco
     fastrank train --data demo --loss "triplet:1.0,smooth_ndcg:1.0" --epochs 5 --set model.embed_dim=256
-    fastrank train --config ... --out runs/coco --resume
+    fastrank train --config ... --out runs/coco --resume        # from runs/coco/last.pt if any
+    fastrank train --config ... --out runs/coco --resume runs/coco/epoch003_step001200.pt
     torchrun --nproc_per_node 4 -m fastrank train --config ...     # data parallel
     fastrank eval --checkpoint runs/coco/best.pt --data data/coco_precomp --split testall
     fastrank demo [--quick] [--out demo_results]
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 __all__ = ["add_subcommands"]
 
@@ -42,25 +44,42 @@ def _cmd_train(args) -> int:
         values["eval.rerank"] = True
     if args.no_progress:
         values["train.progress"] = False
+    from .checkpoint import CheckpointError
+    from .loop import TrainingInterrupted
     cfg = load_config(args.config, args.set or (), **values)
-    trainer = Trainer(cfg, resume=args.resume)
+    try:
+        trainer = Trainer(cfg, resume=False if args.resume is None else args.resume)
+    except CheckpointError as err:   # --resume PATH: missing or not a trainer checkpoint
+        print(f"fastrank train: error: {err}", file=sys.stderr)
+        return 2
+    orderly = False   # every rank ends here together (done, or stopped on an agreed signal)
     try:
         trainer.log(f"training {cfg.loss.spec} on {cfg.data.path} ({trainer.train_ds.n_captions} captions) "
                     f"-> {trainer.out_dir}; {trainer.world_size} process(es) on {trainer.device}")
-        history = trainer.fit()
+        try:
+            history = trainer.fit()
+        except TrainingInterrupted as stop:   # SIGTERM / SIGUSR1: the trainer logged the line
+            orderly = True
+            return stop.exit_code
+        orderly = True
         if trainer.is_main and history:
             best = trainer.best
             trainer.log(f"done: {trainer.epoch} epochs; best {cfg.eval.best_by} {best:.4g}; "
                         f"checkpoints and metrics.jsonl in {trainer.out_dir}")
     finally:
-        trainer.close()
+        trainer.close(orderly=orderly)
     return 0
 
 
 def _cmd_eval(args) -> int:
+    from .checkpoint import CheckpointError
     from .loop import evaluate_checkpoint
-    res = evaluate_checkpoint(args.checkpoint, data=args.data, split=args.split, relevance=args.relevance,
-                              rerank=args.rerank, device=args.device, graded=not args.no_graded)
+    try:
+        res = evaluate_checkpoint(args.checkpoint, data=args.data, split=args.split, relevance=args.relevance,
+                                  rerank=args.rerank, device=args.device, graded=not args.no_graded)
+    except CheckpointError as err:
+        print(f"fastrank eval: error: {err}", file=sys.stderr)
+        return 2
     width = max(len(k) for k in res)
     for k, v in res.items():
         last = k.split("_")[-1]
@@ -92,7 +111,10 @@ def add_subcommands(sub) -> None:
     for dest, key, typ, text in _SHORTCUTS:
         p.add_argument("--" + dest.replace("_", "-"), dest=dest, type=typ, default=None, help=f"{text} [{key}]")
     p.add_argument("--rerank", action="store_true", help="also evaluate with fast re-ranking [eval.rerank]")
-    p.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
+                   help="continue from <out>/last.pt (start from scratch, saying so, when there is none "
+                        "yet), or from the checkpoint PATH. SIGTERM / SIGUSR1 stop after the current "
+                        "step, write last.pt and exit with status 128 + signal (143 / 138)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_train)
 

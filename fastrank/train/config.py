@@ -145,6 +145,11 @@ class TrainConfig:
     max_steps_per_epoch: 0 = the whole training split (drop_last) each epoch.
     threads: torch CPU threads (0 = leave torch's default).
     checkpoint: write last.pt / best.pt (metrics.jsonl is always written).
+    save_every_steps / save_every_minutes: also write last.pt inside an epoch, after every
+        that many optimizer steps / once that many minutes have passed since the last write
+        (0 = off; either one triggers). ``--resume`` continues from that step exactly.
+    keep_checkpoints: also keep the last K checkpoints as ``epoch{E}_step{S}.pt`` (last.pt is
+        a hard link to the newest; 0 = only last.pt).
     """
     epochs: int = 30
     batch_size: int = 128
@@ -156,6 +161,9 @@ class TrainConfig:
     max_steps_per_epoch: int = 0
     threads: int = 0
     checkpoint: bool = True
+    save_every_steps: int = 0
+    save_every_minutes: float = 10.0
+    keep_checkpoints: int = 0
 
 
 @dataclass
@@ -244,6 +252,9 @@ class Config:
         V.check_int(self.train.max_steps_per_epoch, "train.max_steps_per_epoch", 0)
         V.check_int(self.train.threads, "train.threads", 0)
         V.check_int(self.train.seed, "train.seed", 0)
+        V.check_int(self.train.save_every_steps, "train.save_every_steps", 0)
+        V.check_nonnegative(self.train.save_every_minutes, "train.save_every_minutes")
+        V.check_int(self.train.keep_checkpoints, "train.keep_checkpoints", 0)
         V.check_int(self.eval.every, "eval.every", 0)
         V.check_int(self.eval.batch_size, "eval.batch_size")
         V.check_int(self.loss.warmup_epochs, "loss.warmup_epochs", 0)

@@ -18,8 +18,24 @@ relevance (when a term needs it) is built for the global batch from the cached c
 embeddings (see :mod:`fastrank.train.relevance_source`).
 
 Files in ``train.out_dir``: ``last.pt`` (everything needed to resume: model, optimizer,
-scheduler, grad scaler, RNG states, epoch, history), ``best.pt`` (the same, at the best
-``eval.best_by`` so far), ``metrics.jsonl`` (one JSON line per epoch), ``config.json``.
+scheduler, grad scaler, RNG states, epoch, step inside the epoch, the epoch's running loss
+sums, history), written at each epoch's end and inside epochs every ``train.save_every_steps``
+steps / ``train.save_every_minutes`` minutes; ``best.pt`` (the model, its config and vocabulary
+at the best ``eval.best_by`` so far: what evaluation and export need); ``metrics.jsonl`` (one
+JSON line per epoch); ``config.json``; with ``train.keep_checkpoints = K`` also the last K
+``epoch{E}_step{S}.pt`` (last.pt is a hard link to the newest). Every file is written
+atomically and loads with ``torch.load(weights_only=True)``.
+
+Exact resume. ``--resume`` restores everything in last.pt and skips the epoch's first ``step``
+batches without loading them (the epoch's order depends only on (seed, epoch)), so the resumed
+run is the run that was never stopped: same weights, same metrics.jsonl lines. Under torchrun
+only rank 0 writes, every rank restores the same file (rank 0's RNG states: the ranks are
+seeded alike), and the epoch's loss sums are stored per rank.
+
+Stopping. SIGTERM and SIGUSR1 (what schedulers send before a kill) set a flag; after the
+current optimizer step the ranks agree on it (an all-reduce), write last.pt, log one line and
+:meth:`Trainer.fit` raises :class:`TrainingInterrupted` (``fastrank train`` exits with
+128 + the signal number: 143 for SIGTERM, 138 for SIGUSR1).
 """
 from __future__ import annotations
 
@@ -28,10 +44,12 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -41,14 +59,34 @@ from ..data import PrecompCollate, PrecompDataset, Vocab, make_demo
 from ..distributed import LocalLoss
 from ..models import VSE, build_vse
 from ..nn import CombinedLoss
-from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
+from .checkpoint import (CheckpointError, link_atomic, load_checkpoint, rng_state, save_atomic,
+                         set_rng_state)
 from .config import Config
 from .relevance_source import CaptionRelevance
 
 __all__ = ["Trainer", "load_datasets", "build_model", "epoch_batches", "seed_everything",
-           "model_from_checkpoint", "evaluate_checkpoint", "CHECKPOINT_FORMAT"]
+           "model_from_checkpoint", "evaluate_checkpoint", "CHECKPOINT_FORMAT", "TrainingInterrupted",
+           "STOP_SIGNALS"]
 
-CHECKPOINT_FORMAT = "fastrank-train-1"
+CHECKPOINT_FORMAT = "fastrank-train-2"   # -1 (pickled numpy RNG states) needed weights_only=False
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+# config keys a mid-epoch resume must share with the run that wrote the checkpoint (the data order)
+_ORDER_KEYS = ("batch_size", "seed", "max_steps_per_epoch")
+
+
+class TrainingInterrupted(Exception):
+    """Raised by :meth:`Trainer.fit` after a stop signal (SIGTERM, SIGUSR1): the current step
+    finished and ``checkpoint`` (last.pt, or None with ``train.checkpoint = false``) was written.
+    ``exit_code`` = 128 + ``signum`` (the shell's convention: 143 for SIGTERM)."""
+
+    def __init__(self, signum: int, checkpoint: Optional[Path], message: str):
+        super().__init__(message)
+        self.signum = int(signum)
+        self.checkpoint = checkpoint
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 def seed_everything(seed: int) -> None:
@@ -102,10 +140,11 @@ def epoch_batches(n_items: int, batch_size: int, seed: int, epoch: int, max_step
 
 
 def model_from_checkpoint(ckpt: Dict, device="cpu") -> Tuple[VSE, Config, Optional[Vocab]]:
-    """Rebuild the model of a trainer checkpoint (dict from ``load_checkpoint``):
-    (model in eval mode on ``device``, its Config, its Vocab or None)."""
+    """Rebuild the model of a trainer checkpoint (dict from ``load_checkpoint``; last.pt or
+    best.pt): (model in eval mode on ``device``, its Config, its Vocab or None)."""
     if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"not a fastrank trainer checkpoint (format {ckpt.get('format')!r})")
+        raise CheckpointError(f"not a fastrank trainer checkpoint (format {ckpt.get('format')!r}, "
+                              f"expected {CHECKPOINT_FORMAT!r})")
     cfg = Config.from_dict(ckpt["config"])
     vocab = Vocab(ckpt["vocab"]) if ckpt.get("vocab") is not None else None
     model = build_model(cfg.model, ckpt["img_dim"], vocab)
@@ -124,8 +163,12 @@ class Trainer:
 
     Args:
         config: a :class:`~fastrank.train.config.Config`.
-        resume: continue from ``<out_dir>/last.pt`` (model, optimizer, scheduler, scaler,
-            RNG states, epoch, history, best); training then runs up to ``train.epochs``.
+        resume: False (start fresh); True or ``"latest"``: continue from ``<out_dir>/last.pt``
+            when it exists, else start fresh and log one line saying so; a path: continue
+            from that checkpoint (CheckpointNotFoundError / CheckpointError naming it when it is
+            missing or not a full trainer checkpoint). Restores model, optimizer, scheduler,
+            scaler, RNG states, epoch, step inside the epoch, history and best; training then
+            runs up to ``train.epochs``.
         data: optional (train, eval) :class:`~fastrank.data.PrecompDataset` pair, instead of
             loading ``config.data`` (the demo shares one pair between recipes).
         relevance: optional (train, eval) :class:`~fastrank.train.relevance_source.CaptionRelevance`
@@ -136,7 +179,7 @@ class Trainer:
     CUDA, else gloo) unless it already is; ``train.batch_size`` is the global batch.
     """
 
-    def __init__(self, config: Config, resume: bool = False,
+    def __init__(self, config: Config, resume: Union[bool, str, os.PathLike] = False,
                  data: Optional[Tuple[PrecompDataset, PrecompDataset]] = None,
                  relevance: Optional[Tuple[Optional[CaptionRelevance], Optional[CaptionRelevance]]] = None,
                  log: Optional[Callable[[str], None]] = None):
@@ -159,11 +202,20 @@ class Trainer:
         self.vocab = (Vocab.build(self.train_ds.captions, self.cfg.data.vocab_min_count)
                       if self.cfg.model.text_encoder == "gru" else None)
         self.out_dir = Path(tc.out_dir)
-        ckpt = None
-        if resume:
-            ckpt = load_checkpoint(self.out_dir / "last.pt")
-            if ckpt.get("format") != CHECKPOINT_FORMAT:
-                raise ValueError(f"{self.out_dir / 'last.pt'} is not a fastrank trainer checkpoint")
+        ckpt, self.resumed_from = None, None
+        if resume is True or resume == "latest":
+            latest = self.out_dir / "last.pt"
+            if latest.is_file():
+                self.resumed_from = latest
+            else:
+                self.log(f"--resume: no checkpoint {latest} yet; starting from scratch")
+        elif resume:
+            self.resumed_from = Path(resume)
+        if self.resumed_from is not None:
+            ckpt = load_checkpoint(self.resumed_from, format=CHECKPOINT_FORMAT)
+            if ckpt.get("kind") != "full":
+                raise CheckpointError(f"{self.resumed_from} holds only a model ({ckpt.get('kind')!r} "
+                                      f"checkpoint, e.g. best.pt); resume from a last.pt")
             if ckpt.get("vocab") is not None:
                 self.vocab = Vocab(ckpt["vocab"])
         self.img_dim = self.train_ds.feature_dim
@@ -199,8 +251,13 @@ class Trainer:
             if self.world_size > 1 else None)
 
         self.epoch = 0                 # epochs completed
+        self.step = 0                  # optimizer steps done in epoch self.epoch (0-based)
         self.best = -math.inf          # best eval.best_by so far
         self.history: List[Dict] = []  # one record per completed epoch
+        self._epoch_sums: Optional[torch.Tensor] = None   # this rank's running loss sums of the epoch
+        self._epoch_time = 0.0         # training seconds of the epoch before a resume
+        self._stop_signal = 0          # set by the SIGTERM / SIGUSR1 handler
+        self._last_save = time.monotonic()
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -256,29 +313,41 @@ class Trainer:
         return torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
 
     def train_epoch(self) -> Dict:
-        """Train one epoch (``self.epoch``, 0-based); returns {"loss", "loss_parts", "lr",
-        "steps", "time_train"} with losses averaged over the steps (full global-batch values)."""
+        """Train one epoch (``self.epoch``, 0-based) from step ``self.step`` (0, or where a
+        resumed checkpoint stopped); returns {"loss", "loss_parts", "lr", "steps",
+        "time_train"} with losses averaged over the epoch's steps (full global-batch values).
+        May write mid-epoch checkpoints (``train.save_every_*``) and raise
+        :class:`TrainingInterrupted` after a stop signal."""
         tc = self.cfg.train
         e = self.epoch
         terms = self.warmup_loss_fn if (self.warmup_loss_fn is not None and e < self.cfg.loss.warmup_epochs) \
             else self.loss_fn
         batches = epoch_batches(len(self.train_ds), tc.batch_size, tc.seed, e, tc.max_steps_per_epoch)
+        n_steps, start = len(batches), self.step
+        if start > n_steps:
+            raise CheckpointError(f"the checkpoint is at step {start} of epoch {e + 1}, which has only "
+                                  f"{n_steps} steps")
         lo = self.rank * self.local_batch
-        local = batches[:, lo:lo + self.local_batch]
+        local = batches[start:, lo:lo + self.local_batch]   # resume: skip the steps already done
         loader = torch.utils.data.DataLoader(
             self.train_ds, batch_sampler=local.tolist(), collate_fn=PrecompCollate(self.vocab),
-            num_workers=self.cfg.data.num_workers, pin_memory=self.device.type == "cuda")
+            num_workers=self.cfg.data.num_workers, pin_memory=self.device.type == "cuda",
+            # its own generator: creating the iterator must not draw from the global RNG
+            generator=torch.Generator().manual_seed(int(tc.seed) * 1_000_003 + e + 7))
         lr = self.optimizer.param_groups[0]["lr"]
         c2i = self.train_ds.caption_to_image
         net = self.ddp if self.ddp is not None else self.model
         self.model.train()
-        sums = torch.zeros(1 + len(terms), dtype=torch.float64, device=self.device)
+        if self._epoch_sums is None:
+            self._epoch_sums = torch.zeros(1 + len(terms), dtype=torch.float64, device=self.device)
+        sums = self._epoch_sums = self._epoch_sums.to(self.device)
         t0 = time.time()
         bar = loader
         if tc.progress and self.is_main:
             from tqdm.auto import tqdm
-            bar = tqdm(loader, desc=f"epoch {e + 1}/{tc.epochs}", leave=False, dynamic_ncols=True)
-        for step, batch in enumerate(bar):
+            bar = tqdm(loader, desc=f"epoch {e + 1}/{tc.epochs}", leave=False, dynamic_ncols=True,
+                       initial=start, total=n_steps)
+        for step, batch in enumerate(bar, start):
             g = batches[step]
             img_index = c2i[g]
             positives = (img_index[:, None] == img_index[None, :]).to(self.device)
@@ -304,16 +373,78 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             sums += torch.stack([total.detach()] + parts).double()   # stays on the device: no sync
+            self.step = step + 1
             if bar is not loader and step % 10 == 0:
                 bar.set_postfix(loss=f"{float(sums[0]) / (step + 1) * self.world_size:.4f}")
+            self._after_step(n_steps, t0)
+        if bar is not loader:
+            bar.close()
         if self.world_size > 1:   # each rank holds its share; the sum is the global-batch loss
+            sums = sums.clone()
             dist.all_reduce(sums)
-        sums = sums.cpu() / len(batches)
+        sums = sums.cpu() / n_steps
+        time_train = self._epoch_time + time.time() - t0
         self.scheduler.step()
         self.epoch += 1
+        self.step, self._epoch_sums, self._epoch_time = 0, None, 0.0
         return {"epoch": self.epoch, "loss": float(sums[0]),
                 "loss_parts": {n: float(v) for n, v in zip(terms, sums[1:])},
-                "lr": lr, "steps": len(batches), "time_train": time.time() - t0}
+                "lr": lr, "steps": n_steps, "time_train": time_train}
+
+    # ------------------------------------------------------------------ stopping and saving
+    def _agreed(self, stop: int, timed: bool) -> Tuple[int, bool]:
+        """(stop signal, time-triggered save) agreed by all ranks (max over ranks)."""
+        if self.world_size == 1:
+            return stop, timed
+        flags = torch.tensor([stop, int(timed)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, timed = flags.tolist()
+        return int(stop), bool(timed)
+
+    def _after_step(self, n_steps: int, t0: float) -> None:
+        """After each optimizer step: stop on a signal (save, raise), or write the mid-epoch
+        checkpoint when ``train.save_every_*`` says so."""
+        tc = self.cfg.train
+        timed = (self.is_main and tc.checkpoint and tc.save_every_minutes > 0
+                 and time.monotonic() - self._last_save >= tc.save_every_minutes * 60)
+        stop, timed = self._agreed(self._stop_signal, timed)
+        if stop:
+            self._epoch_time += time.time() - t0
+            self._stop(stop, n_steps)
+        every = tc.save_every_steps
+        if tc.checkpoint and self.step < n_steps and (timed or (every and self.step % every == 0)):
+            self._epoch_time += time.time() - t0
+            self._save_last()
+            self._epoch_time -= time.time() - t0   # the epoch's clock keeps running from t0
+
+    def _stop(self, signum: int, n_steps: Optional[int] = None) -> None:
+        """Write last.pt (when checkpoints are on), log one line, raise TrainingInterrupted."""
+        path = self._save_last() if self.cfg.train.checkpoint else None
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        where = (f"epoch {self.epoch + 1}, step {self.step}/{n_steps}" if n_steps is not None
+                 else f"the end of epoch {self.epoch}")
+        saved = f"wrote {path}; continue with --resume" if path is not None else \
+            "no checkpoint written (train.checkpoint = false)"
+        msg = f"stopped by {name} at {where}: {saved} (exit status {128 + signum})"
+        self.log(msg)
+        raise TrainingInterrupted(signum, path, msg)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop_signal = int(signum)
+
+    def _install_signal_handlers(self) -> Dict:
+        """SIGTERM / SIGUSR1 -> set the stop flag (main thread only); returns the old handlers."""
+        old = {}
+        if threading.current_thread() is not threading.main_thread():
+            return old
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                old[sig] = signal.signal(sig, self._on_signal)
+        return old
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -370,11 +501,12 @@ class Trainer:
         record["best"] = is_best
         self.history.append(record)
         if self.is_main:
-            if self.cfg.train.checkpoint:
-                self.save(self.out_dir / "last.pt")
-            if is_best and self.cfg.train.checkpoint:
-                self.save(self.out_dir / "best.pt")
             self._append_metrics(record)
+        if self.cfg.train.checkpoint:
+            self._save_last()
+            if is_best and self.is_main:
+                save_atomic(self.model_state_dict(), self.out_dir / "best.pt")
+        if self.is_main:
             parts = " ".join(f"{k} {v:.4f}" for k, v in record["loss_parts"].items())
             self.log(f"epoch {self.epoch}/{tc.epochs} loss {record['loss']:.4f} ({parts}) "
                      f"lr {record['lr']:.2e} | {_fmt_metrics(record)}{' *' if is_best else ''} | "
@@ -385,66 +517,152 @@ class Trainer:
         return record
 
     def fit(self) -> List[Dict]:
-        """Train up to ``train.epochs`` (from the resumed epoch); returns the history (one
-        record per epoch: loss, loss parts, lr, times, and the metrics when evaluated)."""
+        """Train up to ``train.epochs`` (from the resumed epoch and step); returns the history
+        (one record per epoch: loss, loss parts, lr, times, and the metrics when evaluated).
+        Raises :class:`TrainingInterrupted` after SIGTERM / SIGUSR1 (last.pt written)."""
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2))
+            # exactly the lines of the epochs the state has seen: a resumed run drops the lines
+            # a stopped run wrote after its checkpoint, and never duplicates one
             path = self.out_dir / "metrics.jsonl"
-            if self.epoch == 0 or not path.is_file():   # fresh run (or state loaded from elsewhere)
-                path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
-        while self.epoch < self.cfg.train.epochs:
-            self._end_of_epoch(self.train_epoch())
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            os.replace(tmp, path)
+        self._last_save = time.monotonic()
+        old = self._install_signal_handlers()
+        try:
+            while self.epoch < self.cfg.train.epochs:
+                self._end_of_epoch(self.train_epoch())
+                stop, _ = self._agreed(self._stop_signal, False)
+                if stop and self.epoch < self.cfg.train.epochs:
+                    self._stop(stop)   # last.pt of this epoch's end is written
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
         return self.history
 
-    def close(self) -> None:
-        """Destroy the process group if this trainer created it."""
+    def close(self, orderly: bool = True) -> None:
+        """Destroy the process group if this trainer created it. orderly (every rank got here:
+        training ended or stopped on an agreed signal): after a barrier, since a rank tearing
+        the group down while another still talks to it can hang. Not orderly (an error on this
+        rank, the others may be inside a collective): leave it to the process exit."""
         if self._owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
+            if orderly:
+                if self.world_size > 1:
+                    dist.barrier()
+                dist.destroy_process_group()
             self._owns_pg = False
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> Dict:
+    def model_state_dict(self) -> Dict:
+        """What ``best.pt`` holds: the model, its config, vocabulary and input size (all that
+        evaluation and export need, a third of last.pt), plus the epoch and its metrics."""
         return {
             "format": CHECKPOINT_FORMAT,
+            "kind": "model",
             "config": self.cfg.to_dict(),
             "vocab": self.vocab.itos[len(Vocab.SPECIALS):] if self.vocab is not None else None,
             "img_dim": self.img_dim,
             "model": self.model.state_dict(),
+            "epoch": self.epoch,
+            "metrics": copy.deepcopy(self.history[-1]) if self.history else None,
+        }
+
+    def state_dict(self, epoch_sums: Optional[torch.Tensor] = None) -> Dict:
+        """The full training state (what ``last.pt`` holds): :meth:`model_state_dict` plus
+        optimizer, scheduler, grad scaler, epoch, step inside the epoch, the epoch's running
+        loss sums (one row per rank: ``epoch_sums``, default this rank's), its training time,
+        best, history and RNG states. Plain types and tensors only."""
+        if epoch_sums is None and self._epoch_sums is not None:
+            epoch_sums = self._epoch_sums.detach().cpu()[None]
+        state = self.model_state_dict()
+        state.update({
+            "kind": "full",
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "epoch": self.epoch,
+            "step": self.step,
+            "epoch_sums": epoch_sums,
+            "epoch_time": self._epoch_time,
+            "world_size": self.world_size,
+            "n_train": len(self.train_ds),
             "best": self.best,
             "history": self.history,
-            "rng": rng_state(),
-        }
+            "rng": rng_state(self.device),
+        })
+        del state["metrics"]
+        return state
 
     def save(self, path) -> Path:
-        """Write the full training state atomically."""
+        """Write the full training state atomically (single process; under torchrun the trainer
+        writes last.pt itself, from rank 0)."""
         return save_atomic(self.state_dict(), path)
+
+    def _gathered_sums(self) -> Optional[torch.Tensor]:
+        """(world_size, terms + 1) running loss sums of every rank, on every rank (a collective
+        when the world size is > 1), or None outside an epoch."""
+        if self._epoch_sums is None:
+            return None
+        local = self._epoch_sums.detach()
+        if self.world_size == 1:
+            return local.cpu()[None]
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
+        return torch.stack(parts).cpu()
+
+    def _save_last(self) -> Path:
+        """Write last.pt from rank 0 (called by every rank: gathers the epoch's loss sums);
+        with ``train.keep_checkpoints = K`` through ``epoch{E}_step{S}.pt``, keeping K of those."""
+        sums = self._gathered_sums()
+        last = self.out_dir / "last.pt"
+        if self.is_main:
+            state = self.state_dict(epoch_sums=sums)
+            keep = self.cfg.train.keep_checkpoints
+            if keep:
+                named = save_atomic(state, self.out_dir / f"epoch{self.epoch:03d}_step{self.step:06d}.pt")
+                link_atomic(named, last)
+                for old in sorted(self.out_dir.glob("epoch*_step*.pt"))[:-keep]:
+                    old.unlink(missing_ok=True)
+            else:
+                save_atomic(state, last)
+        self._last_save = time.monotonic()
+        return last
 
     def load_state_dict(self, state: Dict) -> None:
         """Restore what :meth:`state_dict` returned: model, optimizer, scheduler, scaler, epoch,
-        best, history and RNG states (the loss and data may differ: the demo starts every
-        recipe from one shared warm-up epoch this way)."""
+        step, the epoch's loss sums, best, history and RNG states (the loss and data may differ:
+        the demo starts every recipe from one shared warm-up epoch this way)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.best = int(state["epoch"]), float(state["best"])
+        self.step = int(state.get("step", 0))
+        self._epoch_time = float(state.get("epoch_time", 0.0))
+        sums = state.get("epoch_sums")
+        if sums is None:
+            self._epoch_sums = None
+        elif sums.shape[0] == self.world_size:
+            self._epoch_sums = sums[self.rank].clone().to(self.device)
+        else:   # another world size: rank 0 carries the total (the epoch's mean loss is the same)
+            self._epoch_sums = (sums.sum(0) if self.is_main else torch.zeros_like(sums[0])).to(self.device)
         self.history = copy.deepcopy(list(state["history"]))
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], self.device)
 
     def _restore(self, ckpt: Dict) -> None:
+        if int(ckpt.get("step", 0)):   # inside an epoch: the data order must be the same
+            saved = ckpt["config"]["train"]
+            diff = [f"train.{k} {saved[k]!r} -> {getattr(self.cfg.train, k)!r}" for k in _ORDER_KEYS
+                    if saved.get(k) != getattr(self.cfg.train, k)]
+            if ckpt.get("n_train") != len(self.train_ds):
+                diff.append(f"training captions {ckpt.get('n_train')} -> {len(self.train_ds)}")
+            if diff:
+                raise CheckpointError(f"{self.resumed_from} stopped inside an epoch; resuming it needs the "
+                                      f"same data order, but {', '.join(diff)}")
         self.load_state_dict(ckpt)
-        if self.is_main:  # drop metric lines of epochs after the checkpoint (a crash in between)
-            path = self.out_dir / "metrics.jsonl"
-            if path.is_file():
-                keep = [ln for ln in path.read_text().splitlines()
-                        if ln.strip() and json.loads(ln).get("epoch", 0) <= self.epoch]
-                path.write_text("".join(ln + "\n" for ln in keep))
-            self.log(f"resumed from {self.out_dir / 'last.pt'} at epoch {self.epoch}")
+        at = f"epoch {self.epoch + 1}, step {self.step}" if self.step else f"the end of epoch {self.epoch}"
+        self.log(f"resumed from {self.resumed_from} at {at}")
 
     def _append_metrics(self, record: Dict) -> None:
         with (self.out_dir / "metrics.jsonl").open("a") as f:
@@ -463,7 +681,7 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, split: Optional[
     ``fastrank.metrics.evaluate``.
     """
     from ..metrics.evaluate import evaluate
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = load_checkpoint(checkpoint, format=CHECKPOINT_FORMAT)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
     model, cfg, _ = model_from_checkpoint(ckpt, dev)
     dc = copy.deepcopy(cfg.data)
