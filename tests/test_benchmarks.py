@@ -149,7 +149,12 @@ def test_percall_quick_records(percall_run):
             assert ratios["native_over_trivial"] == pytest.approx(r["time"]["median_s"] / trivial)
 
 
-def test_breadth_order_covers_every_op_before_large_sizes():
+def test_breadth_order_covers_every_op_before_large_sizes(monkeypatch):
+    # benchmarks/ is a folder of the checkout, not an installed package: import it from the
+    # checkout (CI runs the installed fastrank with no PYTHONPATH), fastrank first so that the
+    # installed package, with its native modules, stays the one in use.
+    import fastrank  # noqa: F401
+    monkeypatch.syspath_prepend(str(ROOT))
     from benchmarks.harness import OpBench, case_order
 
     def spec(name, ns):
