@@ -258,32 +258,13 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
   return (ideal > T(0) ? T(1) - dcg / ideal : T(0)) + poison(dcg);
 }
 
-struct Layout {  // offsets into ws (smooth_ndcg.h)
-  bool d1, d2;
-  int64_t nq1, nq2, q;
-  int64_t a1, a2, idcg, qloss, counts;
-};
-
-Layout layout_of(int64_t n, int64_t m, int direction) {
-  Layout l;
-  l.d1 = (direction & kI2T) != 0;
-  l.d2 = (direction & kT2I) != 0;
-  l.nq1 = l.d1 ? n : 0;
-  l.nq2 = l.d2 ? m : 0;
-  l.q = l.nq1 + l.nq2;
-  l.a1 = 0;
-  l.a2 = l.d1 ? n * m : 0;
-  l.idcg = (int64_t(l.d1) + int64_t(l.d2)) * n * m;
-  l.qloss = l.idcg + l.q;
-  l.counts = l.qloss + l.q;
-  return l;
-}
+using Layout = SmoothNDCGLayout;  // offsets into ws (smooth_ndcg.h)
 
 template <typename T>
 void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t rs0, int64_t rs1,
                   const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                   int reduction, bool with_grad, T tau, T* out, T* ws) {
-  const Layout L = layout_of(n, m, direction);
+  const Layout L = smooth_ndcg_layout(n, m, direction);
   const View v1 = view_of(false, n, m, ss0, ss1, rs0, rs1, ms0, ms1);
   const View v2 = view_of(true, n, m, ss0, ss1, rs0, rs1, ms0, ms1);
   const T inv_tau = T(1) / tau;
@@ -334,7 +315,7 @@ void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t 
 template <typename T>
 void backward_impl(const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                    int reduction, T tau, const T* grad_out, int64_t gs, const T* ws, T* grad) {
-  const Layout L = layout_of(n, m, direction);
+  const Layout L = smooth_ndcg_layout(n, m, direction);
   const T inv_tau = T(1) / tau;
   const T* idcg = ws + L.idcg;
   T scale[2];

@@ -37,24 +37,7 @@ constexpr int kThreads = kTile * kTile;    // one thread per element of the tile
 constexpr int kChunk = 32;                 // candidates staged per shared-memory step
 constexpr int kFinalThreads = 1024;        // finalize: one block (power of two)
 
-struct Layout {  // offsets into ws (smooth_ndcg.h)
-  bool d1, d2;
-  int64_t nq1, q, a1, a2, idcg, qloss, counts;
-};
-
-__host__ __device__ inline Layout layout_of(int64_t n, int64_t m, int direction) {
-  Layout l;
-  l.d1 = (direction & kI2T) != 0;
-  l.d2 = (direction & kT2I) != 0;
-  l.nq1 = l.d1 ? n : 0;
-  l.q = l.nq1 + (l.d2 ? m : 0);
-  l.a1 = 0;
-  l.a2 = l.d1 ? n * m : 0;
-  l.idcg = (int64_t(l.d1) + int64_t(l.d2)) * n * m;
-  l.qloss = l.idcg + l.q;
-  l.counts = l.qloss + l.q;
-  return l;
-}
+using Layout = SmoothNDCGLayout;  // offsets into ws (smooth_ndcg.h)
 
 inline int64_t tiles(int64_t x) { return (x + kTile - 1) / kTile; }
 
@@ -158,7 +141,7 @@ __global__ void __launch_bounds__(kFinalThreads)
 finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict__ part1,
          const A* __restrict__ part2, A* __restrict__ ws, A* __restrict__ out) {
   __shared__ A scratch[kFinalThreads];
-  const Layout L = layout_of(n, m, direction);
+  const Layout L = smooth_ndcg_layout(n, m, direction);
   A total = 0;
   int64_t off = 0;
   for (int d = 0; d < 2; ++d) {
@@ -208,7 +191,7 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
   __shared__ A sh_s[kTile][kChunk + 1];
   __shared__ A sh_a[kTile][kChunk + 1];
   __shared__ bool sh_v[kTile][kChunk + 1];
-  const Layout L = layout_of(n, m, direction);
+  const Layout L = smooth_ndcg_layout(n, m, direction);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const int64_t i0 = int64_t(blockIdx.y) * kTile, j0 = int64_t(blockIdx.x) * kTile;
   const int64_t i = i0 + ty, j = j0 + tx;
@@ -267,7 +250,7 @@ int smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, con
   (void)with_grad;  // a is cheap next to the ranks: always written
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (tiles(n) > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
-  const Layout L = layout_of(n, m, direction);
+  const Layout L = smooth_ndcg_layout(n, m, direction);
   const dim3 grid(static_cast<unsigned>(tiles(m)), static_cast<unsigned>(tiles(n)));
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;

@@ -36,10 +36,30 @@
 
 namespace fastrank {
 
+// Offsets into ws (the layout above), shared by the CPU and CUDA kernels.
+struct SmoothNDCGLayout {
+  bool d1, d2;                        // i2t, t2i requested
+  int64_t nq1, nq2, q;                // queries per direction, Q
+  int64_t a1, a2, idcg, qloss, counts;
+};
+
+FR_HD SmoothNDCGLayout smooth_ndcg_layout(int64_t n, int64_t m, int direction) {
+  SmoothNDCGLayout l;
+  l.d1 = (direction & kI2T) != 0;
+  l.d2 = (direction & kT2I) != 0;
+  l.nq1 = l.d1 ? n : 0;
+  l.nq2 = l.d2 ? m : 0;
+  l.q = l.nq1 + l.nq2;
+  l.a1 = 0;
+  l.a2 = l.d1 ? n * m : 0;
+  l.idcg = (int64_t(l.d1) + int64_t(l.d2)) * n * m;
+  l.qloss = l.idcg + l.q;
+  l.counts = l.qloss + l.q;
+  return l;
+}
+
 inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
-  const int64_t d1 = direction & kI2T ? 1 : 0, d2 = direction & kT2I ? 1 : 0;
-  const int64_t q = d1 * n + d2 * m;
-  return (d1 + d2) * n * m + 2 * q + 2;
+  return smooth_ndcg_layout(n, m, direction).counts + 2;
 }
 
 namespace cpu {
