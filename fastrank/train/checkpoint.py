@@ -4,6 +4,7 @@ so a crash mid-write never leaves a truncated file; read with ``torch.load(weigh
 RNG states are stored as tensors and plain types (:func:`rng_state`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tempfile
@@ -32,6 +33,18 @@ def _tmp_in(path: Path) -> str:
     return tmp
 
 
+@contextlib.contextmanager
+def _removed_on_error(tmp: str):
+    """Remove the temporary file ``tmp`` if the block fails, then re-raise: an interrupted
+    write never leaves a partial file behind."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def _publish(tmp: str, path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
@@ -45,18 +58,12 @@ def save_atomic(obj: Any, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
+    with _removed_on_error(tmp):
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         _publish(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return path
 
 
@@ -65,7 +72,7 @@ def link_atomic(src, path) -> Path:
     none), replacing ``path`` atomically."""
     src, path = Path(src), Path(path)
     tmp = _tmp_in(path)
-    try:
+    with _removed_on_error(tmp):
         os.unlink(tmp)
         try:
             os.link(src, tmp)
@@ -75,12 +82,6 @@ def link_atomic(src, path) -> Path:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         _publish(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return path
 
 
