@@ -86,6 +86,8 @@ def _start(tmp_path, out, mode="plain", epoch=0, rank=0, resume=False, torchrun=
                 "--monitor_interval", "0.2"] + args
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
+    if torchrun and sys.platform.startswith("linux"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"    # loopback only (see tests/test_distributed.py)
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 
