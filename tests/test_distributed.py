@@ -7,18 +7,14 @@ gives the single-process parameter gradient.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
-import socket
 import sys
-import time
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+import _gloo
 import fastrank
 import fastrank.nn as fnn
 from fastrank.distributed import LocalLoss, all_gather_with_grad
@@ -82,23 +78,9 @@ def cases():
     }
 
 
-# Everything here is bounded: a rank that hangs (a peer that never connects, a collective that
-# never completes) dumps every thread's stack and exits, and the parent stops waiting, so that
-# a broken machine fails this module in seconds instead of hanging the whole test run.
-INIT_TIMEOUT_S = 60
-WORKER_DEADLINE_S = 180
-
-
 def _worker(rank, port, out_dir):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # loopback only, so that the test does not depend on what the hostname resolves to (gloo
-    # binds to that address otherwise)
-    if sys.platform.startswith("linux"):
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    faulthandler.dump_traceback_later(WORKER_DEADLINE_S, exit=True)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
-                            timeout=timedelta(seconds=INIT_TIMEOUT_S))
+    _gloo.init(rank, port, W)
     try:
         results = {}
         _, _, _, rel, _ = make_data()
@@ -121,38 +103,16 @@ def _worker(rank, port, out_dir):
         (loss * dist.get_world_size()).backward()
         results["ddp"] = [p.grad.clone() for p in model.parameters()]
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
     except BaseException:
         dist.destroy_process_group()
         raise
-    # Leave without tearing the gloo group down. With torch 2.13, destroying it from Python (the
-    # DDP reducer's last reference, dropped when this function returns) joins gloo's worker
-    # threads while holding the GIL, and a worker thread that is still releasing a collective
-    # issued during backward needs the GIL to free the Python context autograd stashed in it:
-    # about 1 run in 4 here hung for ever (py-spy: ~ProcessGroupGloo -> std::thread::join on
-    # the main thread, ~AsyncAllreduceWork -> gil_scoped_acquire on the worker). Both ranks are
-    # past the barrier and the results are on disk, so nothing is lost by exiting now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    _gloo.leave()
 
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    ctx = mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=W, join=False)
-    deadline = time.monotonic() + WORKER_DEADLINE_S + 30
-    while not ctx.join(timeout=1.0):        # raises if a rank failed
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the {W} gloo ranks did not finish within {WORKER_DEADLINE_S + 30} s")
+    _gloo.spawn(_worker, (_gloo.free_port(), str(out)), W)
     return [torch.load(out / f"rank{r}.pt") for r in range(W)]
 
 

@@ -3,13 +3,12 @@ with the weights of 1 process training on the same global batches."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+import _gloo
 from fastrank.train import Trainer, load_config
 
 W = 2
@@ -35,7 +34,7 @@ def _config(out):
 
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W)
+    _gloo.init(rank, port, W)
     try:
         tr = Trainer(_config(f"{out_dir}/run"), log=lambda s: None)
         assert tr.world_size == W and tr.local_batch == 8
@@ -43,18 +42,14 @@ def _worker(rank, port, out_dir):
         torch.save({"state": tr.model.state_dict(), "loss": hist[0]["loss"],
                     "grad": {n: p.grad for n, p in tr.model.named_parameters()},
                     "parts": hist[0]["loss_parts"]}, f"{out_dir}/rank{rank}.pt")
-    finally:
+    except BaseException:
         dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        raise
+    _gloo.leave()
 
 
 def test_two_gloo_processes_agree_with_one(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=W, join=True)
+    _gloo.spawn(_worker, (_gloo.free_port(), str(tmp_path)), W)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(W))
 
     torch.set_num_threads(1)
