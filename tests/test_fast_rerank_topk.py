@@ -174,3 +174,27 @@ def test_cuda_matches_cpu():
     _assert_topk_equal(r.t2i_scores.cpu(), r.t2i_indices.cpu(), vt, it, 5e-4)
     with pytest.raises(ValueError, match="txt_emb"):
         fastrank.fast_rerank_topk(img.cuda(), txt, 3)
+
+
+@needs_cuda
+def test_cuda_default_path_has_no_host_sync(monkeypatch):
+    """SPEC.md 1 on CUDA: no finiteness check by default, so no device-to-host copy (the
+    O(N + M) statistics are not read), and a NaN embedding comes back as NaN scores."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    monkeypatch.delenv("FASTRANK_CHECK_FINITE", raising=False)
+    img, txt = _emb(300, 32, 19).cuda(), _emb(700, 32, 20).cuda()
+    fastrank.fast_rerank_topk(img, txt, 5, block=64)     # warm up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fastrank.fast_rerank_topk(img, txt, 5, block=64)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert not [k for k in names if "DtoH" in k or "Device -> Pageable" in k], names
+    bad = img.clone()
+    bad[3, 0] = float("nan")
+    r = fastrank.fast_rerank_topk(bad, txt, 5, block=64)
+    assert not torch.isfinite(r.i2t_scores).all() and not torch.isfinite(r.t2i_scores).all()
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "1")    # the debugging switch raises on CUDA too
+    with pytest.raises(ValueError, match="img_emb"):
+        fastrank.fast_rerank_topk(bad, txt, 5, block=64)

@@ -144,7 +144,7 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
             raise ValueError(f"mask must have shape (N, K) = {(n, k)}, got {tuple(mask.shape)}")
         if mask.device != sub_emb.device:
             raise ValueError(f"mask is on {mask.device} but sub_emb is on {sub_emb.device}")
-        if V.check_finite_enabled() and not bool(((mask == 0) | (mask == 1)).all()):
+        if V.check_finite_enabled(mask.device) and not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must contain only 0 and 1")
         m = mask.detach().to(e.dtype)
     gram = e @ e.transpose(1, 2)                                   # <e_a, e_b>, (N, K, K)

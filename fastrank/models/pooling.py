@@ -27,19 +27,22 @@ def length_mask(x: Tensor, lengths=None, name: str = "lengths") -> Tensor:
         return torch.ones(b, n, dtype=torch.bool, device=x.device)
     if not isinstance(lengths, Tensor):
         lengths = torch.as_tensor(lengths)
-    lengths = lengths.to(x.device)
+    # the value checks read lengths where they are: free for CPU lengths (the usual case),
+    # a host sync for CUDA ones, so there they follow SPEC.md 1 (off by default)
+    check = V.check_finite_enabled(lengths.device)
     if lengths.dtype == torch.bool:
         if lengths.shape != (b, n):
             raise ValueError(f"{name} as a bool mask must have shape {(b, n)}, got {tuple(lengths.shape)}")
-        if V.check_finite_enabled() and not bool(lengths.any(1).all()):
+        if check and not bool(lengths.any(1).all()):
             raise ValueError(f"{name}: every row of the mask needs at least one valid element")
-        return lengths
+        return lengths.to(x.device)
     if lengths.dtype.is_floating_point or lengths.dim() != 1 or lengths.shape[0] != b:
         raise ValueError(
             f"{name} must be an integer tensor of shape ({b},) or a bool mask of shape {(b, n)}, "
             f"got {lengths.dtype} of shape {tuple(lengths.shape)}")
-    if V.check_finite_enabled() and not bool(((lengths >= 1) & (lengths <= n)).all()):
+    if check and not bool(((lengths >= 1) & (lengths <= n)).all()):
         raise ValueError(f"{name} must lie in [1, {n}], got {lengths.tolist()}")
+    lengths = lengths.to(x.device)
     return torch.arange(n, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)
 
 

@@ -229,7 +229,8 @@ def _(sim, gamma1, lam1):
 def check_statistics(col_lse: Tensor, row_lse: Tensor) -> None:
     """The finiteness check of fast_rerank_topk's sim, from the O(N + M) statistics: a NaN or
     +-inf in sim (or gamma1 * sim, lam1 * sim overflowing) makes them non-finite."""
-    if V.check_finite_enabled() and not bool(torch.isfinite(col_lse).all() & torch.isfinite(row_lse).all()):
+    if (V.check_finite_enabled(col_lse.device)
+            and not bool(torch.isfinite(col_lse).all() & torch.isfinite(row_lse).all())):
         raise ValueError("sim contains NaN or infinite values (or gamma[0] * sim or lam[0] * sim "
                          "overflows the dtype)")
 
