@@ -1,0 +1,68 @@
+"""The CUDA checks every fused loss shares (SPEC.md 1, issue 11), for a loss ``fn(sim, rel)``:
+
+- ``graph_replay``: one forward+backward captured in a CUDA graph and replayed, returning the
+  loss and sim's gradient (the test compares them with an eager call);
+- ``reduce_overhead_steps``: a few SGD steps of ``torch.compile(mode="reduce-overhead")``;
+- ``device_activity``: the kernels one forward+backward launches and any host-device copy.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def graph_replay(fn, sim, rel):
+    s = sim.clone().requires_grad_(True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs asks
+        for _ in range(2):
+            s.grad = None
+            fn(s, rel).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    s.grad = None
+    with torch.cuda.graph(graph):
+        loss = fn(s, rel)
+        loss.backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    return loss.detach(), s.grad
+
+
+def reduce_overhead_steps(fn, sim, rel, steps: int = 3):
+    """The loss of the last of `steps` SGD steps on fn(sim @ w, rel), compiled with
+    mode="reduce-overhead" (CUDA graphs under torch.compile)."""
+    n = sim.shape[1]
+    w = torch.nn.Parameter(torch.randn(n, n, device="cuda"))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    @torch.compile(mode="reduce-overhead")
+    def step(x, r):
+        return fn(x @ w, r)
+
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = step(sim.cuda(), rel.cuda())
+        loss.backward()
+        opt.step()
+    return loss
+
+
+def device_activity(fn, sim, rel):
+    """(kernel names, host-device copy names) of one fn(sim, rel).backward() after a warm-up
+    call, from torch.profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    s = sim.detach().clone().requires_grad_(True)
+    fn(s, rel).backward()  # warm-up (first-call allocations, lazy init)
+    s.grad = None          # a second backward would add into s.grad: an extra kernel
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(s, rel).backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = [k for k in names if "memcpy" not in k.lower() and "memset" not in k.lower()]
+    copies = [e.name for e in prof.events()
+              if any(t in e.name for t in ("DtoH", "HtoD", "Device -> Host", "Device -> Pageable",
+                                           "Device -> Pinned", "Pageable -> Device"))]
+    return kernels, copies
