@@ -114,6 +114,20 @@ def test_native_matches_reference(n, m, dtype):
 
 
 @needs_native
+@pytest.mark.parametrize("n,m", [(3, 511), (2, 512), (2, 513), (700, 2)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_native_matches_reference_long_lists_with_ties(n, m, dtype):
+    """The CPU kernel's IDCG counts each gain's position up to 512 items and sorts above:
+    both sides of the switch, with heavy ties (4 relevance levels) and a list of ties only."""
+    tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-6)
+    sim, rel = rand_case(n, m, seed=5, dtype=dtype, ties=True)
+    rel[0] = 0.5  # one list whose gains all tie
+    r = both_impls(sim, rel, 0.05, "both", "none")
+    torch.testing.assert_close(r["native"][0], r["reference"][0], **tol)
+    torch.testing.assert_close(r["native"][1], r["reference"][1], **tol)
+
+
+@needs_native
 def test_native_reductions_and_zero_rows():
     sim, rel = rand_case(7, 5, seed=4)
     rel[2] = 0.0          # an all-zero i2t query

@@ -111,6 +111,44 @@ FR_HD float exp_nonpos(float x) {
 }
 FR_HD double exp_nonpos(double x) { return exp(x); }
 
+// ---- log(x) for x >= 1 ---------------------------------------------------------------
+// float on the CPU: Cephes-style logf (exponent and mantissa from the bits, mantissa
+// folded into [sqrt(1/2), sqrt(2)), degree-8 polynomial; within 1.6 ulp of log over
+// [1, 3e6], tested), straight-line
+// arithmetic so that per-item loops vectorise (glibc's scalar log1pf costs ~12 ns a call:
+// 0.4 ms of a 128 x 128 smooth-NDCG call). Domain: finite x >= 1 (1 + a smooth rank);
+// NaN comes back as NaN. Elsewhere: log().
+FR_HD float log_ge1(float x) {
+#if defined(__CUDA_ARCH__)
+  return logf(x);
+#else
+  union { float f; int32_t i; } u;
+  u.f = x;
+  float e = static_cast<float>(((u.i >> 23) & 0xff) - 126);  // x = m * 2^e, m in [0.5, 1)
+  u.i = (u.i & 0x007fffff) | 0x3f000000;
+  float m = u.f;
+  const bool low = m < 0.707106781186547524f;
+  e = low ? e - 1.0f : e;
+  m = low ? m + m - 1.0f : m - 1.0f;  // now x = (1 + m) * 2^e, 1 + m in [sqrt(1/2), sqrt(2))
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y += -2.12194440e-4f * e;
+  y += -0.5f * z;
+  const float r = (m + y) + 0.693359375f * e;
+  return x == x ? r : x;
+#endif
+}
+FR_HD double log_ge1(double x) { return log(x); }
+
 // ---- logistic ----------------------------------------------------------------------
 // For x: e = exp(-|x|) in (0, 1], a = 1 / (1 + e) = sigma(|x|), b = e * a = sigma(-|x|).
 // Then sigma(x) and sigma(-x) are a and b in some order, and sigma'(x) = a * b:
