@@ -4,7 +4,7 @@
 // the swapped strides) and the reduction. Per query:
 //  1. gather: the query's valid entries (all, or those with mask = 1) are copied
 //     contiguous: s, r and the column index (masked entries take part in no pair);
-//     poison = sum of 0 * s + 0 * r (NaN iff some value read is NaN/inf: SPEC 1). A
+//     poison = sum of poison(s) + poison(r) (NaN iff some value read is NaN/inf: SPEC 1). A
 //     poisoned query skips the pair pass: its loss and gradient entries are NaN.
 //  2. sort the entries by relevance, descending (stable LSD radix sort on order-preserving
 //     integer keys, branch-free: ~3 us at 512 entries, against ~10 us for std::sort;
@@ -110,7 +110,7 @@ T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
   // 1. poison of every value read
   T poison = 0;
 #pragma omp simd reduction(+ : poison)
-  for (int64_t k = 0; k < v; ++k) poison += T(0) * s0[k] + T(0) * r0[k];
+  for (int64_t k = 0; k < v; ++k) poison += fastrank::poison(s0[k]) + fastrank::poison(r0[k]);
   if (poison != T(0) || v == 0) {  // NaN/inf in the query (or an empty list: loss 0)
     for (int64_t k = 0; k < v; ++k) out[w.c0[k] * out_s] = poison;
     return poison;

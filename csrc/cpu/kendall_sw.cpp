@@ -17,8 +17,8 @@
 // positives and bucket 0 of the negatives collect the candidates in no window).
 // argmin over P_m = prefix minimum of positive buckets 0..m; argmax over N_m = suffix
 // maximum of negative buckets m+1..n_w; both scans break ties by the lower index.
-// NaN/inf: the poison 0 * s + 0 * r of the row is added to the query's loss, and the
-// backward adds 0 * qloss to the query's gradient entries.
+// NaN/inf: the poison (common.h) of every s and r of the row is added to the query's loss, and the
+// backward adds poison(qloss) to the query's gradient entries.
 // Work: O(n_c * n_w / vector width + n_c + n_w) per query. Memory plan: O(n_c + n_w)
 // scratch per thread (the row of r and s copied contiguous, the two counts, the
 // buckets) plus the 2 * n_w edges per call; outputs loss, idx (n_total, n_w, 2) int32, aux.
@@ -40,30 +40,38 @@ namespace fastrank {
 namespace cpu {
 namespace {
 
+constexpr int64_t kTile = 16;  // queries per tile (gather_rows: one cache line of floats per item)
+
 template <typename T>
 void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c, int64_t n_q,
                     int64_t n_c, const T* upper, const T* lower, int64_t n_w, T* qloss, int32_t* idx) {
   const T inf = std::numeric_limits<T>::infinity();
   // small problems run on the calling thread: a parallel region costs more than it saves
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 15);
-  // per-thread scratch, two allocations: s, r (n_c), ps, ns (n_w + 1); counts, bucket indices
-  auto body = [&](int64_t q_begin, int64_t q_step) {
-    std::vector<T> t_buf(2 * n_c + 2 * (n_w + 1));
+  // per-thread scratch, two allocations: a tile of kTile rows of s and r (kTile * n_c each),
+  // ps, ns (n_w + 1); counts, bucket indices
+  const int64_t n_tiles = (n_q + kTile - 1) / kTile;
+  auto body = [&](int64_t t_begin, int64_t t_step) {
+    std::vector<T> t_buf(2 * kTile * n_c + 2 * (n_w + 1));
     std::vector<int32_t> i_buf(2 * n_c + 2 * (n_w + 1));
-    T* __restrict s = t_buf.data();
-    T* __restrict r = s + n_c;
-    T* ps = r + n_c;
+    T* __restrict s_tile = t_buf.data();
+    T* __restrict r_tile = s_tile + kTile * n_c;
+    T* ps = r_tile + kTile * n_c;
     T* ns = ps + (n_w + 1);
     int32_t* __restrict pc = i_buf.data();
     int32_t* __restrict nc = pc + n_c;
     int32_t* pi = nc + n_c;
     int32_t* ni = pi + (n_w + 1);
-    for (int64_t q = q_begin; q < n_q; q += q_step) {
-      gather_row(sim + q * s_q, s_c, n_c, s);
-      gather_row(rel + q * r_q, r_c, n_c, r);
+    for (int64_t tile = t_begin; tile < n_tiles; tile += t_step) {
+     const int64_t q0 = tile * kTile, nt = std::min(kTile, n_q - q0);
+     gather_rows(sim, s_q, s_c, q0, nt, n_c, s_tile);
+     gather_rows(rel, r_q, r_c, q0, nt, n_c, r_tile);
+     for (int64_t q = q0; q < q0 + nt; ++q) {
+      const T* __restrict s = s_tile + (q - q0) * n_c;
+      const T* __restrict r = r_tile + (q - q0) * n_c;
       T poison = 0;
 #pragma omp simd reduction(+ : poison)
-      for (int64_t c = 0; c < n_c; ++c) poison += T(0) * s[c] + T(0) * r[c];
+      for (int64_t c = 0; c < n_c; ++c) poison += fastrank::poison(s[c]) + fastrank::poison(r[c]);
       // p_c = #{m : u_m > r_c}, n_c = #{m : l_m > r_c}
       std::fill(pc, pc + n_c, 0);
       std::fill(nc, nc + n_c, 0);
@@ -110,6 +118,7 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
         if (j >= 0 && k >= 0) total += std::max(ns[m + 1] - ps[m], T(0));
       }
       qloss[q] = total / static_cast<T>(n_w) + poison;
+     }
     }
   };
   if (!parallel) {  // no OpenMP region for small problems
@@ -117,7 +126,7 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
     return;
   }
 #pragma omp parallel
-  body(omp_get_thread_num(), omp_get_num_threads());  // static round-robin: fixed per-query work
+  body(omp_get_thread_num(), omp_get_num_threads());  // static round-robin of tiles: fixed per-query work
 }
 
 template <typename T>
@@ -155,23 +164,38 @@ void backward_pass(const T* sim, int64_t s_q, int64_t s_c, int64_t n_q, int64_t 
                    int64_t n_w, const T* qloss, const T* go, T go_scale, bool accumulate, T* out, int64_t o_q,
                    int64_t o_c) {
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 17);
-  auto body = [&](int64_t q_begin, int64_t q_step) {
-    std::vector<int32_t> count(n_c);
-    for (int64_t q = q_begin; q < n_q; q += q_step) {
-      const T* s = sim + q * s_q;
-      const int32_t* w = idx + q * n_w * 2;
-      std::fill(count.begin(), count.end(), 0);
-      for (int64_t m = 0; m < n_w; ++m) {
-        const int32_t j = w[2 * m], k = w[2 * m + 1];
-        if (j >= 0 && k >= 0 && s[k * s_c] > s[j * s_c]) { ++count[k]; --count[j]; }
+  const int64_t n_tiles = (n_q + kTile - 1) / kTile;
+  // a tile of kTile queries at a time: when the queries are the columns of out (o_q == 1,
+  // t2i), each c writes kTile neighbouring values (one cache line) instead of kTile lines
+  auto body = [&](int64_t t_begin, int64_t t_step) {
+    std::vector<int32_t> count(kTile * n_c);
+    T coef[kTile], nan_of[kTile];  // nan_of: 0, or NaN for a non-finite query loss
+    for (int64_t tile = t_begin; tile < n_tiles; tile += t_step) {
+      const int64_t q0 = tile * kTile, nt = std::min(kTile, n_q - q0);
+      std::fill(count.begin(), count.begin() + nt * n_c, 0);
+      for (int64_t t = 0; t < nt; ++t) {
+        const int64_t q = q0 + t;
+        const T* s = sim + q * s_q;
+        const int32_t* w = idx + q * n_w * 2;
+        int32_t* cnt = count.data() + t * n_c;
+        for (int64_t m = 0; m < n_w; ++m) {
+          const int32_t j = w[2 * m], k = w[2 * m + 1];
+          if (j >= 0 && k >= 0 && s[k * s_c] > s[j * s_c]) { ++cnt[k]; --cnt[j]; }
+        }
+        coef[t] = (go == nullptr ? go_scale : go[q]) / static_cast<T>(n_w);
+        nan_of[t] = fastrank::poison(qloss[q]);
       }
-      const T coef = (go == nullptr ? go_scale : go[q]) / static_cast<T>(n_w);
-      const T poison = T(0) * qloss[q];
-      T* o = out + q * o_q;
-      if (accumulate) {
-        for (int64_t c = 0; c < n_c; ++c) o[c * o_c] += static_cast<T>(count[c]) * coef + poison;
+      auto put = [&](T* o, int64_t t, int64_t c) {
+        const T v = static_cast<T>(count[t * n_c + c]) * coef[t] + nan_of[t];
+        if (accumulate) *o += v;
+        else *o = v;
+      };
+      if (o_q == 1 && o_c != 1) {
+        for (int64_t c = 0; c < n_c; ++c)
+          for (int64_t t = 0; t < nt; ++t) put(out + (q0 + t) + c * o_c, t, c);
       } else {
-        for (int64_t c = 0; c < n_c; ++c) o[c * o_c] = static_cast<T>(count[c]) * coef + poison;
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t c = 0; c < n_c; ++c) put(out + (q0 + t) * o_q + c * o_c, t, c);
       }
     }
   };

@@ -260,6 +260,23 @@ inline void gather_row(const T* row, int64_t stride, int64_t n, T* out) {
   }
 }
 
+// Copy rows q0 .. q0 + nt - 1 of a strided (n_q, n_c) view into out[t * n_c + c]. When the
+// rows are the view's columns (s_q == 1, the t2i direction), the nt rows are read together,
+// nt neighbouring values of one cache line per c, instead of one line per value and row:
+// with nt = 16 floats, 16x fewer cache lines for a whole-matrix sweep, with no transposed
+// copy of the matrix (the buffer is nt rows).
+template <typename T>
+inline void gather_rows(const T* base, int64_t s_q, int64_t s_c, int64_t q0, int64_t nt, int64_t n_c, T* out) {
+  if (s_c == 1 || s_q != 1) {
+    for (int64_t t = 0; t < nt; ++t) gather_row(base + (q0 + t) * s_q, s_c, n_c, out + t * n_c);
+    return;
+  }
+  for (int64_t c = 0; c < n_c; ++c) {
+    const T* src = base + q0 + c * s_c;
+    for (int64_t t = 0; t < nt; ++t) out[t * n_c + c] = src[t];
+  }
+}
+
 #if defined(__CUDACC__)
 // ---- CUDA helpers ------------------------------------------------------------------------
 // Launch checks: entry points return the cudaError_t of the launch as int (0 = success).
