@@ -256,15 +256,15 @@ def _check_emb(x, name: str) -> Tensor:
 
 def _check_index(index, n_captions: int, device, name: str = "image_caption_index") -> Tensor:
     """(n_images, k) int64 caption ids on device; ragged lists padded by repeating each
-    image's first caption (a max and a membership test ignore repeats)."""
+    image's first caption (a max and a membership test ignore repeats). A tensor on another
+    device (the usual case: a CPU index with CUDA embeddings) is range-checked where it is,
+    then moved once."""
     if isinstance(index, Tensor):
         if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
             raise TypeError(f"{name} must hold integer caption ids, got dtype {index.dtype}")
         if index.dim() != 2:
             raise ValueError(f"{name} must be a 2-D (n_images, captions_per_image) tensor, got shape "
                              f"{tuple(index.shape)}")
-        if index.device != device:
-            raise ValueError(f"{name} is on {index.device} but the embeddings are on {device}")
         idx = index.long()
     elif isinstance(index, (list, tuple)):
         rows = []
@@ -280,8 +280,8 @@ def _check_index(index, n_captions: int, device, name: str = "image_caption_inde
                     raise TypeError(f"{name}[{i}] must hold integer caption ids, got {c!r}")
             rows.append([int(c) for c in r])
         width = max((len(r) for r in rows), default=0)
-        idx = torch.tensor([r + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long,
-                           device=device).view(len(rows), width)
+        idx = torch.tensor([r + [r[0]] * (width - len(r)) for r in rows],
+                           dtype=torch.long).view(len(rows), width)
     else:
         raise TypeError(f"{name} must be a (n_images, captions_per_image) integer tensor or a list of "
                         f"lists of caption ids, got {type(index).__name__}")
@@ -290,7 +290,7 @@ def _check_index(index, n_captions: int, device, name: str = "image_caption_inde
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= n_captions:
         raise ValueError(f"{name} holds caption ids in [{lo}, {hi}], outside [0, {n_captions})")
-    return idx
+    return idx if idx.device == torch.device(device) else idx.to(device)
 
 
 def _cos_to_relevance(cos: Tensor) -> Tensor:
@@ -428,9 +428,6 @@ class BatchRelevance:
         self.emb = (emb / norms.unsqueeze(1).to(emb.dtype)).to(store).contiguous()
         self.device = device
         self.n_captions = self.emb.shape[0]
-        if isinstance(image_caption_index, Tensor) and image_caption_index.device != device:
-            # a CPU index with CUDA embeddings (the usual case): moved once, here
-            image_caption_index = image_caption_index.to(device)
         self.index = (None if image_caption_index is None
                       else _check_index(image_caption_index, self.n_captions, device))
         self._compute = torch.float64 if store == torch.float64 else torch.float32

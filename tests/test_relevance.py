@@ -163,6 +163,8 @@ def test_cuda_batch_relevance_and_matrix():
     assert out.is_cuda
     torch.testing.assert_close(out.cpu(), BatchRelevance(e, idx)(img, cap))
     torch.testing.assert_close(relevance_matrix(e.cuda(), e.cuda(), idx.cuda()).cpu(), relevance_matrix(e, e, idx))
+    # a CPU index with CUDA embeddings: moved, as in BatchRelevance
+    torch.testing.assert_close(relevance_matrix(e.cuda(), e.cuda(), idx).cpu(), relevance_matrix(e, e, idx))
 
 
 # ---------------------------------------------------------------- CaptionEncoder cache (stub model)
