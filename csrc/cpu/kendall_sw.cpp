@@ -19,13 +19,15 @@
 // maximum of negative buckets m+1..n_w; both scans break ties by the lower index.
 // NaN/inf: the poison (common.h) of every s and r of the row is added to the query's loss, and the
 // backward adds poison(qloss) to the query's gradient entries.
-// Work: O(n_c * n_w / vector width + n_c + n_w) per query. Memory plan: O(n_c + n_w)
-// scratch per thread (the row of r and s copied contiguous, the two counts, the
-// buckets) plus the 2 * n_w edges per call; outputs loss, idx (n_total, n_w, 2) int32, aux.
+// Work: O(n_c * n_w / vector width + n_c + n_w) per query. Memory plan: O(kTile * n_c + n_w)
+// scratch per thread (kTile = 16 queries' rows of s and r copied contiguous by gather_rows:
+// t2i reads 16 columns per cache line; the two counts; the buckets) plus the 2 * n_w
+// edges per call; outputs loss, idx (n_total, n_w, 2) int32, aux.
 // Backward: per query, an integer counter per candidate (+1 as k*, -1 as j* of each
 // active window, in window order), then grad = count * w / n_w: i2t writes the rows,
-// then t2i adds to the columns (each entry owned by one thread in each pass, no
-// atomics, fixed order). OpenMP over queries (for large enough problems); deterministic.
+// then t2i adds to the columns, kTile columns per cache line (each entry owned by one
+// thread in each pass, no atomics, fixed order). OpenMP over tiles of kTile queries (for
+// large enough problems); deterministic.
 #include "fastrank/kendall_sw.h"
 
 #include <omp.h>
@@ -42,83 +44,103 @@ namespace {
 
 constexpr int64_t kTile = 16;  // queries per tile (gather_rows: one cache line of floats per item)
 
+// One thread's scratch for one query: per candidate the two window counts, per bucket
+// (n_w + 1) the running minimum / maximum score and its index.
+template <typename T>
+struct Buckets {
+  int32_t *pc, *nc, *pi, *ni;
+  T *ps, *ns;
+};
+
+// The loss of one query (s, r: its n_c scores and relevances, contiguous) and its
+// (j*, k*) per window into out[2 * m], out[2 * m + 1].
+template <typename T>
+T window_loss(const T* __restrict s, const T* __restrict r, int64_t n_c, const T* upper, const T* lower,
+              int64_t n_w, const Buckets<T>& b, int32_t* out) {
+  const T inf = std::numeric_limits<T>::infinity();
+  int32_t* __restrict pc = b.pc;
+  int32_t* __restrict nc = b.nc;
+  int32_t* pi = b.pi;
+  int32_t* ni = b.ni;
+  T* ps = b.ps;
+  T* ns = b.ns;
+  T poison = 0;
+#pragma omp simd reduction(+ : poison)
+  for (int64_t c = 0; c < n_c; ++c) poison += fastrank::poison(s[c]) + fastrank::poison(r[c]);
+  // p_c = #{m : u_m > r_c}, n_c = #{m : l_m > r_c}
+  std::fill(pc, pc + n_c, 0);
+  std::fill(nc, nc + n_c, 0);
+  for (int64_t m = 0; m < n_w; ++m) {
+    const T u = upper[m], l = lower[m];
+#pragma omp simd
+    for (int64_t c = 0; c < n_c; ++c) {
+      pc[c] += u > r[c] ? 1 : 0;
+      nc[c] += l > r[c] ? 1 : 0;
+    }
+  }
+  // buckets: lowest-index minimum (positives) / maximum (negatives) per entry count
+  std::fill(ps, ps + n_w + 1, inf);
+  std::fill(ns, ns + n_w + 1, -inf);
+  std::fill(pi, pi + n_w + 1, -1);
+  std::fill(ni, ni + n_w + 1, -1);
+  for (int64_t c = 0; c < n_c; ++c) {
+    const T sc = s[c];
+    const int32_t p = pc[c], n = nc[c], ci = static_cast<int32_t>(c);
+    const bool lower_s = sc < ps[p];
+    ps[p] = lower_s ? sc : ps[p];
+    pi[p] = lower_s ? ci : pi[p];
+    const bool higher_s = sc > ns[n];
+    ns[n] = higher_s ? sc : ns[n];
+    ni[n] = higher_s ? ci : ni[n];
+  }
+  // P_m (m = 0..n_w-1) = candidates with p <= m: prefix minimum over buckets 0..m
+  for (int64_t m = 1; m < n_w; ++m) {
+    const int32_t a = pi[m - 1], b = pi[m];
+    if (a >= 0 && (b < 0 || ps[m - 1] < ps[m] || (ps[m - 1] == ps[m] && a < b))) { ps[m] = ps[m - 1]; pi[m] = a; }
+  }
+  // N_m = candidates with n >= m + 1: suffix maximum over buckets n_w..m+1
+  for (int64_t m = n_w - 1; m >= 1; --m) {
+    const int32_t a = ni[m + 1], b = ni[m];
+    if (a >= 0 && (b < 0 || ns[m + 1] > ns[m] || (ns[m + 1] == ns[m] && a < b))) { ns[m] = ns[m + 1]; ni[m] = a; }
+  }
+  // Eq. 19: (1 / M) sum_m [s_{k*} - s_{j*}]+, windows in order
+  T total = 0;
+  for (int64_t m = 0; m < n_w; ++m) {
+    const int32_t j = pi[m], k = ni[m + 1];
+    out[2 * m] = j;
+    out[2 * m + 1] = k;
+    if (j >= 0 && k >= 0) total += std::max(ns[m + 1] - ps[m], T(0));
+  }
+  return total / static_cast<T>(n_w) + poison;
+}
+
 template <typename T>
 void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c, int64_t n_q,
                     int64_t n_c, const T* upper, const T* lower, int64_t n_w, T* qloss, int32_t* idx) {
-  const T inf = std::numeric_limits<T>::infinity();
   // small problems run on the calling thread: a parallel region costs more than it saves
   const bool parallel = n_q > 1 && n_q * (n_c + n_w) >= (int64_t(1) << 15);
-  // per-thread scratch, two allocations: a tile of kTile rows of s and r (kTile * n_c each),
-  // ps, ns (n_w + 1); counts, bucket indices
   const int64_t n_tiles = (n_q + kTile - 1) / kTile;
+  // per-thread scratch, two allocations: a tile of kTile rows of s and r (kTile * n_c each)
+  // and the buckets' scores; the counts and the buckets' indices
   auto body = [&](int64_t t_begin, int64_t t_step) {
     std::vector<T> t_buf(2 * kTile * n_c + 2 * (n_w + 1));
     std::vector<int32_t> i_buf(2 * n_c + 2 * (n_w + 1));
-    T* __restrict s_tile = t_buf.data();
-    T* __restrict r_tile = s_tile + kTile * n_c;
-    T* ps = r_tile + kTile * n_c;
-    T* ns = ps + (n_w + 1);
-    int32_t* __restrict pc = i_buf.data();
-    int32_t* __restrict nc = pc + n_c;
-    int32_t* pi = nc + n_c;
-    int32_t* ni = pi + (n_w + 1);
+    T* s_tile = t_buf.data();
+    T* r_tile = s_tile + kTile * n_c;
+    Buckets<T> b;
+    b.ps = r_tile + kTile * n_c;
+    b.ns = b.ps + (n_w + 1);
+    b.pc = i_buf.data();
+    b.nc = b.pc + n_c;
+    b.pi = b.nc + n_c;
+    b.ni = b.pi + (n_w + 1);
     for (int64_t tile = t_begin; tile < n_tiles; tile += t_step) {
-     const int64_t q0 = tile * kTile, nt = std::min(kTile, n_q - q0);
-     gather_rows(sim, s_q, s_c, q0, nt, n_c, s_tile);
-     gather_rows(rel, r_q, r_c, q0, nt, n_c, r_tile);
-     for (int64_t q = q0; q < q0 + nt; ++q) {
-      const T* __restrict s = s_tile + (q - q0) * n_c;
-      const T* __restrict r = r_tile + (q - q0) * n_c;
-      T poison = 0;
-#pragma omp simd reduction(+ : poison)
-      for (int64_t c = 0; c < n_c; ++c) poison += fastrank::poison(s[c]) + fastrank::poison(r[c]);
-      // p_c = #{m : u_m > r_c}, n_c = #{m : l_m > r_c}
-      std::fill(pc, pc + n_c, 0);
-      std::fill(nc, nc + n_c, 0);
-      for (int64_t m = 0; m < n_w; ++m) {
-        const T u = upper[m], l = lower[m];
-#pragma omp simd
-        for (int64_t c = 0; c < n_c; ++c) {
-          pc[c] += u > r[c] ? 1 : 0;
-          nc[c] += l > r[c] ? 1 : 0;
-        }
-      }
-      // buckets: lowest-index minimum (positives) / maximum (negatives) per entry count
-      std::fill(ps, ps + n_w + 1, inf);
-      std::fill(ns, ns + n_w + 1, -inf);
-      std::fill(pi, pi + n_w + 1, -1);
-      std::fill(ni, ni + n_w + 1, -1);
-      for (int64_t c = 0; c < n_c; ++c) {
-        const T sc = s[c];
-        const int32_t p = pc[c], n = nc[c], ci = static_cast<int32_t>(c);
-        const bool lower_s = sc < ps[p];
-        ps[p] = lower_s ? sc : ps[p];
-        pi[p] = lower_s ? ci : pi[p];
-        const bool higher_s = sc > ns[n];
-        ns[n] = higher_s ? sc : ns[n];
-        ni[n] = higher_s ? ci : ni[n];
-      }
-      // P_m (m = 0..n_w-1) = candidates with p <= m: prefix minimum over buckets 0..m
-      for (int64_t m = 1; m < n_w; ++m) {
-        const int32_t a = pi[m - 1], b = pi[m];
-        if (a >= 0 && (b < 0 || ps[m - 1] < ps[m] || (ps[m - 1] == ps[m] && a < b))) { ps[m] = ps[m - 1]; pi[m] = a; }
-      }
-      // N_m = candidates with n >= m + 1: suffix maximum over buckets n_w..m+1
-      for (int64_t m = n_w - 1; m >= 1; --m) {
-        const int32_t a = ni[m + 1], b = ni[m];
-        if (a >= 0 && (b < 0 || ns[m + 1] > ns[m] || (ns[m + 1] == ns[m] && a < b))) { ns[m] = ns[m + 1]; ni[m] = a; }
-      }
-      // Eq. 19: (1 / M) sum_m [s_{k*} - s_{j*}]+, windows in order
-      T total = 0;
-      int32_t* out = idx + q * n_w * 2;
-      for (int64_t m = 0; m < n_w; ++m) {
-        const int32_t j = pi[m], k = ni[m + 1];
-        out[2 * m] = j;
-        out[2 * m + 1] = k;
-        if (j >= 0 && k >= 0) total += std::max(ns[m + 1] - ps[m], T(0));
-      }
-      qloss[q] = total / static_cast<T>(n_w) + poison;
-     }
+      const int64_t q0 = tile * kTile, nt = std::min(kTile, n_q - q0);
+      gather_rows(sim, s_q, s_c, q0, nt, n_c, s_tile);
+      gather_rows(rel, r_q, r_c, q0, nt, n_c, r_tile);
+      for (int64_t t = 0; t < nt; ++t)
+        qloss[q0 + t] = window_loss(s_tile + t * n_c, r_tile + t * n_c, n_c, upper, lower, n_w, b,
+                                    idx + (q0 + t) * n_w * 2);
     }
   };
   if (!parallel) {  // no OpenMP region for small problems
