@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace fastrank {
@@ -109,6 +110,21 @@ int64_t gather_valid(const T* x, int64_t xc, const T* y, int64_t yc, const uint8
   return nv;
 }
 
+// Calls block(masked, k0, off) for the kLanes-wide blocks of a row (Ranges): the masked
+// head vector, the unmasked bulk, the masked tail vector. masked is std::true_type or
+// std::false_type (a compile-time flag); off is the block's offset into the row's stored
+// sigma' values (tri_row of them, from r.k0).
+template <typename F>
+inline void for_row_blocks(const Ranges& r, F&& block) {
+  int64_t off = 0;
+  if (r.k0 < r.k1) {
+    block(std::true_type{}, r.k0, off);
+    off += kLanes;
+  }
+  for (int64_t k = r.k1; k < r.k2; k += kLanes, off += kLanes) block(std::false_type{}, k, off);
+  if (r.k2 < r.pad) block(std::true_type{}, r.k2, off);
+}
+
 // The sum of a row's per-lane partial sums, in a fixed order.
 template <typename T>
 inline T lane_sum(const T* acc) {
@@ -150,14 +166,9 @@ template <bool kStore, typename T>
 inline T rank_row(const T* __restrict s, T sj, T inv_tau, T* __restrict p, T* __restrict d, const Ranges& r,
                   int64_t j, int64_t n) {
   alignas(64) T acc[kLanes] = {};
-  int64_t off = 0;  // into d
-  if (r.k0 < r.k1) {
-    rank_block<true, kStore>(s, sj, inv_tau, p, kStore ? d + off : d, acc, r.k0, j, n);
-    off += kLanes;
-  }
-  for (int64_t k = r.k1; k < r.k2; k += kLanes, off += kLanes)
-    rank_block<false, kStore>(s, sj, inv_tau, p, kStore ? d + off : d, acc, k, j, n);
-  if (r.k2 < r.pad) rank_block<true, kStore>(s, sj, inv_tau, p, kStore ? d + off : d, acc, r.k2, j, n);
+  for_row_blocks(r, [&](auto masked, int64_t k0, int64_t off) {
+    rank_block<decltype(masked)::value, kStore>(s, sj, inv_tau, p, kStore ? d + off : d, acc, k0, j, n);
+  });
   return lane_sum(acc);
 }
 
@@ -206,14 +217,9 @@ inline T grad_row(const T* __restrict s, const T* __restrict d, const T* __restr
                   T* __restrict g, const Ranges& r, int64_t m, int64_t n) {
   alignas(64) T acc[kLanes] = {};
   const T sm = s[m], am = a[m];
-  int64_t off = 0;  // into d
-  if (r.k0 < r.k1) {
-    grad_block<true, kCached>(s, kCached ? d + off : d, a, sm, am, inv_tau, g, acc, r.k0, m, n);
-    off += kLanes;
-  }
-  for (int64_t k = r.k1; k < r.k2; k += kLanes, off += kLanes)
-    grad_block<false, kCached>(s, kCached ? d + off : d, a, sm, am, inv_tau, g, acc, k, m, n);
-  if (r.k2 < r.pad) grad_block<true, kCached>(s, kCached ? d + off : d, a, sm, am, inv_tau, g, acc, r.k2, m, n);
+  for_row_blocks(r, [&](auto masked, int64_t k0, int64_t off) {
+    grad_block<decltype(masked)::value, kCached>(s, kCached ? d + off : d, a, sm, am, inv_tau, g, acc, k0, m, n);
+  });
   return lane_sum(acc);
 }
 
