@@ -57,6 +57,20 @@ struct Grid {
     wb = cdiv(m, C);
   }
   int64_t tasks() const { return R * C; }
+  // task t: row band rb (rows [r0, r1)) x column band cb (columns [b0, b1))
+  struct Task {
+    int64_t rb, cb, r0, r1, b0, b1;
+  };
+  Task task(int64_t t) const {
+    Task k;
+    k.rb = t / C;
+    k.cb = t % C;
+    k.r0 = k.rb * hb;
+    k.r1 = std::min(n, k.r0 + hb);
+    k.b0 = k.cb * wb;
+    k.b1 = std::min(m, k.b0 + wb);
+    return k;
+  }
   // small problems run on the calling thread: a fork/join (and, on a busy machine, waiting
   // for a descheduled worker) costs more than the whole sweep
   bool parallel() const { return n * m >= kParallelMin; }
@@ -122,9 +136,7 @@ void lse_pass(const T* sim, int64_t sr, int64_t sc, const Grid& g, T g1, T l1, T
   T* __restrict tmax = tmax_v.data();
 #pragma omp for schedule(dynamic, 1)
   for (int64_t t = 0; t < g.tasks(); ++t) {
-    const int64_t rb = t / g.C, cb = t % g.C;
-    const int64_t r0 = rb * g.hb, r1 = std::min(n, r0 + g.hb);
-    const int64_t b0 = cb * g.wb, b1 = std::min(m, b0 + g.wb);
+    const auto [rb, cb, r0, r1, b0, b1] = g.task(t);
     for (int64_t c0 = b0; c0 < b1; c0 += kCB) {
       const int64_t w = std::min(b1 - c0, kCB);
       std::fill(cm, cm + w, -std::numeric_limits<T>::infinity());
@@ -254,9 +266,7 @@ void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, c
     // pass 1: column sums of G1, row sums of G2, band partials
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < g.tasks(); ++t) {
-      const int64_t rb = t / g.C, cb = t % g.C;
-      const int64_t r0 = rb * g.hb, r1 = std::min(n, r0 + g.hb);
-      const int64_t b0 = cb * g.wb, b1 = std::min(m, b0 + g.wb);
+      const auto [rb, cb, r0, r1, b0, b1] = g.task(t);
       for (int64_t c0 = b0; c0 < b1; c0 += kCB) {
         const int64_t w = std::min(b1 - c0, kCB);
         if (H1) std::fill(acc, acc + w, T(0));
