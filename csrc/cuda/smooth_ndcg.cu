@@ -45,6 +45,23 @@ __device__ __forceinline__ bool in_list(const uint8_t* mask, int64_t ms0, int64_
   return mask == nullptr || mask[i * ms0 + j * ms1] != 0;
 }
 
+// Stages chunk c0 of direction d's candidates for the tile at (i0, j0): calls
+// put(slot, cc, ii, jj, ok) for the kTile x kChunk elements, slot = a row of the tile
+// (i2t, candidates = columns c0 + cc) or a column of it (t2i, candidates = rows c0 + cc);
+// ok = inside sim and in the list. Consecutive threads read consecutive columns either
+// way (coalesced).
+template <typename Put>
+__device__ __forceinline__ void stage_chunk(int d, int64_t c0, int64_t i0, int64_t j0, int64_t n, int64_t m,
+                                            const uint8_t* mask, int64_t ms0, int64_t ms1, Put&& put) {
+  for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
+    const int slot = d == 0 ? e / kChunk : e % kTile;
+    const int cc = d == 0 ? e % kChunk : e / kTile;
+    const int64_t ii = d == 0 ? i0 + slot : c0 + cc;
+    const int64_t jj = d == 0 ? c0 + cc : j0 + slot;
+    put(slot, cc, ii, jj, ii < n && jj < m && in_list(mask, ms0, ms1, ii, jj));
+  }
+}
+
 // d/dpi [1 / log2(1 + pi)] and 1 / log2(1 + pi) from one log
 template <typename A> __device__ __forceinline__ void discounts(A pi, A* f, A* fd) {
   const A ln2 = A(0.69314718055994530942);
@@ -82,18 +99,11 @@ forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __re
     A pi = 1;
     int64_t rank = 0;  // items of the list ranked before (i, j) by gain (ties: by index)
     for (int64_t c0 = 0; c0 < nc; c0 += kChunk) {
-      for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
-        // i2t: slot = a row of the tile, candidate = a column; t2i: the transpose.
-        // Consecutive threads read consecutive columns either way (coalesced).
-        const int slot = d == 0 ? e / kChunk : e % kTile;
-        const int cc = d == 0 ? e % kChunk : e / kTile;
-        const int64_t ii = d == 0 ? i0 + slot : c0 + cc;
-        const int64_t jj = d == 0 ? c0 + cc : j0 + slot;
-        const bool ok = ii < n && jj < m && in_list(mask, ms0, ms1, ii, jj);
+      stage_chunk(d, c0, i0, j0, n, m, mask, ms0, ms1, [&](int slot, int cc, int64_t ii, int64_t jj, bool ok) {
         sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);
         sh_g[slot][cc] = ok ? ndcg_gain(load(rel[ii * rs0 + jj * rs1])) : A(0);
         sh_v[slot][cc] = ok;
-      }
+      });
       __syncthreads();
       const int len = nc - c0 < kChunk ? static_cast<int>(nc - c0) : kChunk;
       for (int cc = 0; cc < len; ++cc) {
@@ -208,16 +218,11 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
     const A a_ij = v_ij ? a[i * m + j] : A(0);
     A sum = 0;
     for (int64_t c0 = 0; c0 < nc; c0 += kChunk) {
-      for (int e = threadIdx.x; e < kTile * kChunk; e += kThreads) {
-        const int slot = d == 0 ? e / kChunk : e % kTile;
-        const int cc = d == 0 ? e % kChunk : e / kTile;
-        const int64_t ii = d == 0 ? i0 + slot : c0 + cc;
-        const int64_t jj = d == 0 ? c0 + cc : j0 + slot;
-        const bool ok = ii < n && jj < m && in_list(mask, ms0, ms1, ii, jj);
+      stage_chunk(d, c0, i0, j0, n, m, mask, ms0, ms1, [&](int slot, int cc, int64_t ii, int64_t jj, bool ok) {
         sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);
         sh_a[slot][cc] = ok ? a[ii * m + jj] : A(0);
         sh_v[slot][cc] = ok;
-      }
+      });
       __syncthreads();
       const int len = nc - c0 < kChunk ? static_cast<int>(nc - c0) : kChunk;
       // d loss / d s_own = -(1 / (tau IDCG)) sum_{k in the list} sigma'((s_k - s_own) / tau) (a_k - a_own)
