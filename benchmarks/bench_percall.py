@@ -52,7 +52,6 @@ import gc
 import os
 import statistics
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -63,7 +62,7 @@ from benchmarks import baselines, report
 from benchmarks.bench_kendall import KENDALL, KENDALL_SW
 from benchmarks.bench_rerank import FAST_RERANK, rerank_inputs
 from benchmarks.bench_smooth_ndcg import SMOOTH_NDCG
-from benchmarks.harness import classify_error, fmt_bytes
+from benchmarks.harness import fmt_bytes, record_error
 from benchmarks.memory import available_bytes
 from benchmarks.pairwise import make_inputs as pair_inputs
 
@@ -321,9 +320,7 @@ def run_one(op: PerCallOp, impl: str, size: dict, cfg: PerCallConfig, compiled: 
     except _Failed as f:
         rec["status"], rec["reason"] = "error", str(f)
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-        rec["status"], rec["reason"] = classify_error(e)
-        if rec["status"] == "error":
-            rec["traceback"] = traceback.format_exc(limit=6)
+        record_error(rec, e)
     finally:
         inputs = None
         if cfg.device.type == "cuda":

@@ -224,6 +224,14 @@ def classify_error(e: BaseException) -> tuple:
     return "error", first[:300]
 
 
+def record_error(rec: dict, e: BaseException) -> None:
+    """A case's exception into its record: status and reason (classify_error), and for a
+    real error the last frames of the traceback (call inside the except block)."""
+    rec["status"], rec["reason"] = classify_error(e)
+    if rec["status"] == "error":
+        rec["traceback"] = traceback.format_exc(limit=6)
+
+
 def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: dict,
              cfg: Config, history: History) -> dict:
     """Run one case and return its record (status "ok", "skipped" or "error")."""
@@ -302,9 +310,7 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
     except Skip as s:
         rec["status"], rec["reason"] = "skipped", str(s)
     except Exception as e:  # noqa: BLE001 - any failure is recorded, the run goes on
-        rec["status"], rec["reason"] = classify_error(e)
-        if rec["status"] == "error":
-            rec["traceback"] = traceback.format_exc(limit=6)
+        record_error(rec, e)
     finally:
         inputs = None
         if cfg.device.type == "cuda":
