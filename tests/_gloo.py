@@ -3,6 +3,9 @@
 - ``init(rank, port, world_size)``: loopback only (``GLOO_SOCKET_IFNAME=lo``, so the test does
   not depend on what the hostname resolves to), a short init timeout, and a per-rank
   faulthandler deadline that dumps every thread's stack and exits.
+- ``group(rank, port, world_size)``: a context for a rank's work: ``init`` on entry; on an
+  exception the group is destroyed and the exception goes on (the parent sees the rank
+  fail); on success ``leave()``.
 - ``leave()``: the end of a rank that succeeded. A barrier, then ``os._exit(0)`` without tearing
   the group down. With torch 2.13, destroying a gloo group from Python (for example the DDP
   reducer's last reference, dropped when the worker returns) joins gloo's worker threads
@@ -17,6 +20,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import socket
@@ -45,6 +49,17 @@ def init(rank: int, port: int, world_size: int) -> None:
     faulthandler.dump_traceback_later(RANK_DEADLINE_S, exit=True)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=INIT_TIMEOUT_S))
+
+
+@contextlib.contextmanager
+def group(rank: int, port: int, world_size: int):
+    init(rank, port, world_size)
+    try:
+        yield
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    leave()
 
 
 def leave() -> None:

@@ -80,8 +80,7 @@ def cases():
 
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)
-    _gloo.init(rank, port, W)
-    try:
+    with _gloo.group(rank, port, W):
         results = {}
         _, _, _, rel, _ = make_data()
         for name, (loss, _, img, txt, relevance, positives) in cases().items():
@@ -103,10 +102,6 @@ def _worker(rank, port, out_dir):
         (loss * dist.get_world_size()).backward()
         results["ddp"] = [p.grad.clone() for p in model.parameters()]
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    _gloo.leave()
 
 
 @pytest.fixture(scope="module")

@@ -34,18 +34,13 @@ def _config(out):
 
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)
-    _gloo.init(rank, port, W)
-    try:
+    with _gloo.group(rank, port, W):
         tr = Trainer(_config(f"{out_dir}/run"), log=lambda s: None)
         assert tr.world_size == W and tr.local_batch == 8
         hist = tr.fit()
         torch.save({"state": tr.model.state_dict(), "loss": hist[0]["loss"],
                     "grad": {n: p.grad for n, p in tr.model.named_parameters()},
                     "parts": hist[0]["loss_parts"]}, f"{out_dir}/rank{rank}.pt")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    _gloo.leave()
 
 
 def test_two_gloo_processes_agree_with_one(tmp_path):
