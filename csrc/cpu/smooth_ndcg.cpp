@@ -269,17 +269,17 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
   smooth_ranks(s, nv, inv_tau, p, d);
   // Eq. 17: DCG = sum_j g_j / log2(1 + pi_j); a_j = g_j * d/dpi [1 / log2(1 + pi)](pi_j).
   // z = poison(s_j + r_j) carries a non-finite input into the loss and the gradient.
-  constexpr T kLn2 = T(0.69314718055994530942);
   for (int64_t j = 0; j < nv; ++j) gs[j] = ndcg_gain(r[j]);  // libm exp2: the reference's gain
   T dcg = 0;
   int nan_gain = 0;
 #pragma omp simd reduction(+ : dcg) reduction(| : nan_gain)
   for (int64_t j = 0; j < nv; ++j) {
     const T g = gs[j];
-    const T l = log_ge1(T(1) + p[j]);  // p_j >= 1: no cancellation in 1 + p_j
+    T f, fd;
+    ndcg_discounts(p[j], log_ge1(T(1) + p[j]), &f, &fd);  // p_j >= 1: no cancellation in 1 + p_j
     const T z = poison(s[j] + r[j]);
-    dcg += g * (kLn2 / l) + z;
-    av[j] = g * (-kLn2 / ((T(1) + p[j]) * l * l)) + z;
+    dcg += g * f + z;
+    av[j] = g * fd + z;
     nan_gain |= g != g;
   }
   // IDCG: the gains in descending order, position p discounted by disc[p] = 1 / log2(2 + p).

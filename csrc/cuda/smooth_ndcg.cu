@@ -62,14 +62,6 @@ __device__ __forceinline__ void stage_chunk(int d, int64_t c0, int64_t i0, int64
   }
 }
 
-// d/dpi [1 / log2(1 + pi)] and 1 / log2(1 + pi) from one log
-template <typename A> __device__ __forceinline__ void discounts(A pi, A* f, A* fd) {
-  const A ln2 = A(0.69314718055994530942);
-  const A l = log1p(pi);
-  *f = ln2 / l;
-  *fd = -ln2 / ((A(1) + pi) * l * l);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __restrict__ rel, int64_t rs0,
@@ -120,7 +112,7 @@ forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __re
     A dcg_t = 0, ideal_t = 0, cnt = 0, a = 0;
     if (v_ij) {
       A f, fd;
-      discounts(pi, &f, &fd);
+      ndcg_discounts(pi, log1p(pi), &f, &fd);
       dcg_t = g_ij * f + z;                                    // Eq. 17 term
       a = g_ij * fd + z;                                       // backward weight
       ideal_t = g_ij * ndcg_discount(static_cast<A>(rank + 1));  // IDCG term: g at its ideal position

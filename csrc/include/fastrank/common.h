@@ -220,9 +220,12 @@ template <typename A> FR_HD A min_nan(A a, A b) { return (b < a || b != b) ? b :
 // f'(p) = -ln 2 / ((1 + p) * ln(1 + p)^2).
 template <typename A> FR_HD A ndcg_gain(A r) { return exp2(r) - A(1); }
 template <typename A> FR_HD A ndcg_discount(A p) { return A(0.69314718055994530942) / log1p(p); }
-template <typename A> FR_HD A ndcg_discount_deriv(A p) {
-  const A l = log1p(p);
-  return -A(0.69314718055994530942) / ((A(1) + p) * l * l);
+// f(p) and f'(p) from one log, l = ln(1 + p) (the caller's log: log1p on the GPU,
+// the vectorisable log_ge1(1 + p) on the CPU).
+template <typename A> FR_HD void ndcg_discounts(A p, A l, A* f, A* fd) {
+  const A ln2 = A(0.69314718055994530942);
+  *f = ln2 / l;
+  *fd = -ln2 / ((A(1) + p) * l * l);
 }
 
 // ---- small CPU helpers ----------------------------------------------------------------
