@@ -22,7 +22,11 @@ from fastrank.cli import main as cli_main
 from fastrank.train import (CheckpointError, Trainer, TrainingInterrupted, evaluate_checkpoint,
                             load_checkpoint, load_config)
 
-ROOT = Path(__file__).resolve().parents[1]
+import fastrank
+
+# the subprocesses import the fastrank this test imported (installed, or the source tree with an
+# in-place build), so that they run the same native ops
+PACKAGE_PARENT = Path(fastrank.__file__).resolve().parents[1]
 
 # 15 steps per epoch (240 captions / 16), 2 epochs: one warm-up epoch, then the recipe's loss at
 # lr / 10 (scheduler state matters); the mlp image encoder has dropout (RNG state matters)
@@ -84,7 +88,7 @@ def _start(tmp_path, out, mode="plain", epoch=0, rank=0, resume=False, torchrun=
     if torchrun:
         args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "--monitor_interval", "0.2"] + args
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
     if torchrun and sys.platform.startswith("linux"):
         env["GLOO_SOCKET_IFNAME"] = "lo"    # loopback only (see tests/test_distributed.py)
@@ -99,6 +103,8 @@ def _wait(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
+    if fastrank.backends()["cpu"]:   # the children ran the native ops this process has
+        assert "_C_cpu unavailable" not in err, err
     return proc.returncode, out, err
 
 

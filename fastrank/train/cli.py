@@ -52,23 +52,23 @@ def _cmd_train(args) -> int:
     except CheckpointError as err:   # --resume PATH: missing or not a trainer checkpoint
         print(f"fastrank train: error: {err}", file=sys.stderr)
         return 2
-    orderly = False   # every rank ends here together (done, or stopped on an agreed signal)
+    code = None   # set when every rank ends here together (done, or stopped on an agreed signal)
     try:
         trainer.log(f"training {cfg.loss.spec} on {cfg.data.path} ({trainer.train_ds.n_captions} captions) "
                     f"-> {trainer.out_dir}; {trainer.world_size} process(es) on {trainer.device}")
         try:
             history = trainer.fit()
         except TrainingInterrupted as stop:   # SIGTERM / SIGUSR1: the trainer logged the line
-            orderly = True
-            return stop.exit_code
-        orderly = True
-        if trainer.is_main and history:
-            best = trainer.best
-            trainer.log(f"done: {trainer.epoch} epochs; best {cfg.eval.best_by} {best:.4g}; "
-                        f"checkpoints and metrics.jsonl in {trainer.out_dir}")
+            code = stop.exit_code
+        else:
+            if trainer.is_main and history:
+                trainer.log(f"done: {trainer.epoch} epochs; best {cfg.eval.best_by} {trainer.best:.4g}; "
+                            f"checkpoints and metrics.jsonl in {trainer.out_dir}")
+            code = 0
     finally:
-        trainer.close(orderly=orderly)
-    return 0
+        # under torchrun the process ends inside close() with `code` (see Trainer.close)
+        trainer.close(orderly=code is not None, exit_code=code)
+    return code
 
 
 def _cmd_eval(args) -> int:

@@ -45,6 +45,7 @@ import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from contextlib import nullcontext
@@ -542,15 +543,28 @@ class Trainer:
                 signal.signal(sig, handler)
         return self.history
 
-    def close(self, orderly: bool = True) -> None:
+    def close(self, orderly: bool = True, exit_code: Optional[int] = None) -> None:
         """Destroy the process group if this trainer created it. orderly (every rank got here:
         training ended or stopped on an agreed signal): after a barrier, since a rank tearing
         the group down while another still talks to it can hang. Not orderly (an error on this
-        rank, the others may be inside a collective): leave it to the process exit."""
+        rank, the others may be inside a collective): leave it to the process exit.
+
+        exit_code (what ``fastrank train`` passes under torchrun): when this trainer owns a
+        group of more than one process and the end is orderly, end the process right after the
+        barrier with this code, flushing stdout and stderr, instead of tearing the group down.
+        With torch 2.13 the last reference to a gloo group (the DDP reducer's, dropped when the
+        trainer is freed) joins gloo's worker threads while holding the GIL, and a worker still
+        releasing a collective needs the GIL: the process can hang for ever after its work is
+        done (seen in CI, a loaded 2-core machine; ``tests/_gloo.py`` has the stacks).
+        Past the barrier every rank has written all it writes, so nothing is lost."""
         if self._owns_pg and dist.is_initialized():
             if orderly:
                 if self.world_size > 1:
                     dist.barrier()
+                    if exit_code is not None:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        os._exit(exit_code)
                 dist.destroy_process_group()
             self._owns_pg = False
 
