@@ -556,7 +556,12 @@ class Trainer:
         trainer is freed) joins gloo's worker threads while holding the GIL, and a worker still
         releasing a collective needs the GIL: the process can hang for ever after its work is
         done (seen in CI, a loaded 2-core machine; ``tests/_gloo.py`` has the stacks).
-        Past the barrier every rank has written all it writes, so nothing is lost."""
+        Past the barrier every rank has written all it writes, so nothing is lost.
+
+        Without exit_code (a script that goes on after training) the group is destroyed after
+        the barrier and a 0.1 s sleep, which releases the GIL so that a worker thread still
+        freeing a finished collective (what the stacks showed) can take it first. That narrows
+        the window; only exiting closes it."""
         if self._owns_pg and dist.is_initialized():
             if orderly:
                 if self.world_size > 1:
@@ -565,6 +570,7 @@ class Trainer:
                         sys.stdout.flush()
                         sys.stderr.flush()
                         os._exit(exit_code)
+                    time.sleep(0.1)
                 dist.destroy_process_group()
             self._owns_pg = False
 
