@@ -129,14 +129,16 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
     return grad if x is sim else grad.to(sim.dtype)
 
 
-def _check_finite(stats: Tensor, ok: bool) -> None:
-    """SPEC.md 1: raise on a non-finite sim where the per-device rule asks for it. CPU: the
-    kernel's flag (no extra work); CUDA (only with FASTRANK_CHECK_FINITE=1 or
-    set_check_finite(True)): reads the O(N + M) statistics, a host sync."""
-    if not V.check_finite_enabled(stats.device):
+def check_statistics(*stats: Tensor, ok: Optional[bool] = None) -> None:
+    """SPEC.md 1: raise on a non-finite sim where the per-device rule asks for it, from its
+    O(N + M) log-sum-exp statistics (a NaN or +-inf in sim, or gamma1 * sim, lam1 * sim
+    overflowing, makes them non-finite). ok: the CPU kernel's own flag where there is one
+    (no extra work); otherwise, and always on CUDA (only with FASTRANK_CHECK_FINITE=1 or
+    set_check_finite(True)), the statistics are read: a host sync there."""
+    if not V.check_finite_enabled(stats[0].device):
         return
-    if stats.device.type != "cpu":
-        ok = bool(torch.isfinite(stats).all())
+    if ok is None or stats[0].device.type != "cpu":
+        ok = all(V.all_finite(x) for x in stats)
     if not ok:
         raise ValueError("sim contains NaN or infinite values (or gamma[0] * sim or lam[0] * sim "
                          "overflows the dtype)")
@@ -192,7 +194,7 @@ class _FastRerank(torch.autograd.Function):
     def forward(ctx, sim, g1, g2, l1, l2):
         i2t, t2i, stats, ok = _forward(sim, g1, g2, l1, l2)
         if not ok or stats.device.type != "cpu":
-            _check_finite(stats, ok)
+            check_statistics(stats, ok=ok)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(sim, stats)
         ctx.hyper = (g1, g2, l1, l2)
@@ -224,15 +226,6 @@ def fast_rerank_lse(sim: Tensor, gamma1: float, lam1: float) -> tuple[Tensor, Te
 def _(sim, gamma1, lam1):
     acc = acc_dtype(sim.dtype)
     return sim.new_empty((sim.shape[1],), dtype=acc), sim.new_empty((sim.shape[0],), dtype=acc)
-
-
-def check_statistics(col_lse: Tensor, row_lse: Tensor) -> None:
-    """The finiteness check of fast_rerank_topk's sim, from the O(N + M) statistics: a NaN or
-    +-inf in sim (or gamma1 * sim, lam1 * sim overflowing) makes them non-finite."""
-    if (V.check_finite_enabled(col_lse.device)
-            and not bool(torch.isfinite(col_lse).all() & torch.isfinite(row_lse).all())):
-        raise ValueError("sim contains NaN or infinite values (or gamma[0] * sim or lam[0] * sim "
-                         "overflows the dtype)")
 
 
 # ---- public API ---------------------------------------------------------------------------------
