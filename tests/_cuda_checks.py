@@ -3,7 +3,8 @@
 - ``graph_replay``: one forward+backward captured in a CUDA graph and replayed, returning the
   loss and sim's gradient (the test compares them with an eager call);
 - ``reduce_overhead_steps``: a few SGD steps of ``torch.compile(mode="reduce-overhead")``;
-- ``device_activity``: the kernels one forward+backward launches and any host-device copy.
+- ``device_activity``: the kernels one forward+backward launches and any host-device copy;
+  ``call_activity``: the same for any call.
 """
 from __future__ import annotations
 
@@ -51,14 +52,20 @@ def reduce_overhead_steps(fn, sim, rel, steps: int = 3):
 def device_activity(fn, sim, rel):
     """(kernel names, host-device copy names) of one fn(sim, rel).backward() after a warm-up
     call, from torch.profiler."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
     s = sim.detach().clone().requires_grad_(True)
     fn(s, rel).backward()  # warm-up (first-call allocations, lazy init)
     s.grad = None          # a second backward would add into s.grad: an extra kernel
+    return call_activity(lambda: fn(s, rel).backward())
+
+
+def call_activity(call):
+    """(kernel names, host-device copy names) of one call(), from torch.profiler (warm it up
+    first)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn(s, rel).backward()
+        call()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     kernels = [k for k in names if "memcpy" not in k.lower() and "memset" not in k.lower()]
