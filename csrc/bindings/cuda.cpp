@@ -37,14 +37,14 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
 
   // ---- smooth_ndcg (csrc/cuda/smooth_ndcg.cu) ----
-  m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,
-                                  i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau,
-                                  ptr out, ptr ws, ptr partials, ptr stream) {
+  m.def("smooth_ndcg_forward", [](int dt, int rdt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1,
+                                  ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad,
+                                  double tau, ptr out, ptr ws, ptr partials, ptr stream) {
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_ndcg_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const void>(rel),
-                                              rs0, rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
-                                              with_grad, tau, as<void>(out), as<void>(ws), as<void>(partials),
-                                              as<void>(stream)),
+    check(fastrank::cuda::smooth_ndcg_forward(DType(dt), DType(rdt), as<const void>(sim), ss0, ss1,
+                                              as<const void>(rel), rs0, rs1, as<const std::uint8_t>(mask), ms0,
+                                              ms1, n, mm, dir, red, with_grad, tau, as<void>(out), as<void>(ws),
+                                              as<void>(partials), as<void>(stream)),
           "smooth_ndcg_forward");
   });
   m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr mask, i64 ms0, i64 ms1, i64 n,

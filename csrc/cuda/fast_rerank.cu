@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include "fastrank/fast_rerank.h"
+#include "fastrank/launch.h"
 
 namespace fastrank {
 namespace cuda {
@@ -278,11 +279,9 @@ struct Launch {
 template <typename T>
 int lse_launch(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, acc_t<T> g1, acc_t<T> l1,
                acc_t<T>* ws, acc_t<T>* col_lse, acc_t<T>* row_lse, cudaStream_t st, const Launch& L) {
-  lse_tile_kernel<T><<<L.tiles, kThreads, 0, st>>>(sim, sr, sc, n, m, L.nrt, L.nct, g1, l1, ws);
-  FASTRANK_CUDA_CHECK_LAUNCH();
-  lse_merge_kernel<acc_t<T>><<<L.merge, kThreads, 0, st>>>(ws, n, m, L.gx, L.gy, col_lse, row_lse);
-  FASTRANK_CUDA_CHECK_LAUNCH();
-  return 0;
+  const int e = launch(lse_tile_kernel<T>, L.tiles, kThreads, 0, st, sim, sr, sc, n, m, L.nrt, L.nct, g1, l1, ws);
+  if (e != 0) return e;
+  return launch(lse_merge_kernel<acc_t<T>>, L.merge, kThreads, 0, st, ws, n, m, L.gx, L.gy, col_lse, row_lse);
 }
 
 }  // namespace
@@ -298,10 +297,8 @@ int fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, i
   const Launch L(n, m);
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    const int e = lse_launch<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<A>(g1),
-                                static_cast<A>(l1), static_cast<A*>(workspace), static_cast<A*>(col_lse),
-                                static_cast<A*>(row_lse), st, L);
-    if (e != 0) return e;
+    return lse_launch<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<A>(g1), static_cast<A>(l1),
+                         static_cast<A*>(workspace), static_cast<A*>(col_lse), static_cast<A*>(row_lse), st, L);
   });
   return 0;
 }
@@ -318,10 +315,9 @@ int fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_s
                                 static_cast<A*>(workspace), static_cast<A*>(col_lse), static_cast<A*>(row_lse),
                                 st, L);
     if (e != 0) return e;
-    scores_kernel<T><<<L.elems, kThreads, 0, st>>>(s, sim_sr, sim_sc, n, m, static_cast<const A*>(col_lse),
-                                                   static_cast<const A*>(row_lse), static_cast<A>(g2),
-                                                   static_cast<A>(l2), static_cast<T*>(i2t), static_cast<T*>(t2i));
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return launch(scores_kernel<T>, L.elems, kThreads, 0, st, s, sim_sr, sim_sc, n, m,
+                  static_cast<const A*>(col_lse), static_cast<const A*>(row_lse), static_cast<A>(g2),
+                  static_cast<A>(l2), static_cast<T*>(i2t), static_cast<T*>(t2i));
   });
   return 0;
 }
@@ -340,17 +336,16 @@ int fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_
     // workspace: [block row][j] G1 column partials, [block column][i] G2 row partials, a1 (m), b2 (n)
     A* a1 = ws + L.gy * m + L.gx * n;
     A* b2 = a1 + m;
-    sums_tile_kernel<T><<<L.tiles, kThreads, 0, st>>>(G1, gi_sr, gi_sc, G2, gt_sr, gt_sc, n, m, L.nrt, L.nct,
-                                                      ws);
-    FASTRANK_CUDA_CHECK_LAUNCH();
-    sums_merge_kernel<A><<<L.merge, kThreads, 0, st>>>(ws, G1 != nullptr, G2 != nullptr, n, m, L.gx, L.gy,
-                                                       static_cast<A>(g1), static_cast<A>(l1));
-    FASTRANK_CUDA_CHECK_LAUNCH();
-    grad_kernel<T><<<L.elems, kThreads, 0, st>>>(
-        static_cast<const T*>(sim), sim_sr, sim_sc, G1, gi_sr, gi_sc, G2, gt_sr, gt_sc, n, m,
-        static_cast<const A*>(col_lse), static_cast<const A*>(row_lse), a1, b2, static_cast<A>(g1),
-        static_cast<A>(g2), static_cast<A>(l1), static_cast<A>(l2), static_cast<T*>(grad_sim));
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    int e = launch(sums_tile_kernel<T>, L.tiles, kThreads, 0, st, G1, gi_sr, gi_sc, G2, gt_sr, gt_sc, n, m, L.nrt,
+                   L.nct, ws);
+    if (e != 0) return e;
+    e = launch(sums_merge_kernel<A>, L.merge, kThreads, 0, st, ws, G1 != nullptr, G2 != nullptr, n, m, L.gx, L.gy,
+               static_cast<A>(g1), static_cast<A>(l1));
+    if (e != 0) return e;
+    return launch(grad_kernel<T>, L.elems, kThreads, 0, st, static_cast<const T*>(sim), sim_sr, sim_sc, G1, gi_sr,
+                  gi_sc, G2, gt_sr, gt_sc, n, m, static_cast<const A*>(col_lse), static_cast<const A*>(row_lse), a1,
+                  b2, static_cast<A>(g1), static_cast<A>(g2), static_cast<A>(l1), static_cast<A>(l2),
+                  static_cast<T*>(grad_sim));
   });
   return 0;
 }

@@ -2,11 +2,11 @@
 //
 // Launches: forward = 1 kernel (+ 1 one-block reduction for mean/sum), backward = 1
 // elementwise kernel, for every N and direction. No host sync, no host-device copy.
-// Forward tiling: one block of 256 threads per query; grid = n_total (the i2t rows first,
-// then the t2i columns, which read sim/relevance/mask through swapped strides). Thread t
-// owns candidates j = t, t + 256, ... of its query; for each, the block streams the
-// query's row (s_k, r_k, r_k + a) through shared memory in chunks of kChunk candidates
-// and the thread accumulates in registers everything candidate j needs:
+// Forward tiling: one block of 256 threads per query, grid-strided (at most 2^31 - 1
+// blocks); the i2t rows first, then the t2i columns, which read sim/relevance/mask through
+// swapped strides. Thread t owns candidates j = t, t + 256, ... of its query; for each,
+// the block streams the query's row (s_k, r_k, r_k + a) through shared memory in chunks of
+// kChunk candidates and the thread accumulates in registers everything candidate j needs:
 //   loss_j = sum_k [r_j > r_k + a] [s_k - s_j]+     (j is the upper member of the pair)
 //   cnt_j  = #{k : r_j > r_k + a}
 //   g_j    = #{k : r_k > r_j + a, s_j > s_k} - #{k : r_j > r_k + a, s_k > s_j}   (an integer)
@@ -28,6 +28,7 @@
 #include <limits>
 
 #include "fastrank/kendall.h"
+#include "fastrank/launch.h"
 
 namespace fastrank {
 namespace cuda {
@@ -51,73 +52,75 @@ __global__ void __launch_bounds__(kThreads) kendall_kernel(const T* __restrict__
   __shared__ A scratch[kThreads];
   __shared__ long long scratch_n[kThreads];
   const A inf = std::numeric_limits<A>::infinity();
-  const int64_t qg = blockIdx.x;
-  const bool t2i = qg >= n_i2t;
-  const int64_t q = t2i ? qg - n_i2t : qg;
-  const int64_t sc = t2i ? s0 : s1, rc = t2i ? r0 : r1, mc = t2i ? m0 : m1;
-  const T* row = sim + q * (t2i ? s1 : s0);
-  const R* rrow = rel + q * (t2i ? r1 : r0);
-  const uint8_t* mrow = mask == nullptr ? nullptr : mask + q * (t2i ? m1 : m0);
-  const int64_t n_c = t2i ? n : m;
-  // this query's entries of its dsim slab: element c at out[c * oc]
-  A* out = dsim + (t2i && n_i2t > 0 ? n * m : 0) + (t2i ? q : q * m);
-  const int64_t oc = t2i ? m : 1;
-  A l_sum = 0, p_sum = 0;
-  long long n_sum = 0, v_sum = 0;
-  for (int64_t j0 = 0; j0 < n_c; j0 += kThreads) {
-    const int64_t j = j0 + threadIdx.x;
-    const bool valid = j < n_c && (mrow == nullptr || mrow[j * mc] != 0);
-    const A s_j = valid ? load(row[j * sc]) : A(0);
-    const A r_j = valid ? load(rrow[j * rc]) : A(0);
-    const A ra_j = r_j + alpha;
-    A l_j = 0;
-    int n_j = 0, g_j = 0;
-    for (int64_t c0 = 0; c0 < n_c; c0 += kChunk) {
-      const int len = n_c - c0 < kChunk ? static_cast<int>(n_c - c0) : kChunk;
-      for (int t = threadIdx.x; t < len; t += kThreads) {
-        const int64_t k = c0 + t;
-        const bool in = mrow == nullptr || mrow[k * mc] != 0;
-        const A r = load(rrow[k * rc]);
-        s_k[t] = in ? load(row[k * sc]) : A(0);
-        r_k[t] = in ? r : -inf;
-        ra_k[t] = in ? r + alpha : inf;
-      }
-      __syncthreads();
-      if (valid) {
-        for (int t = 0; t < len; ++t) {
-          const bool up = r_j > ra_k[t];    // r_j > r_k + a: pair term [s_k - s_j]+
-          const bool down = r_k[t] > ra_j;  // r_k > r_j + a: pair term [s_j - s_k]+
-          const A d = s_k[t] - s_j;
-          l_j += (up && d > A(0)) ? d : A(0);
-          n_j += up;
-          g_j += static_cast<int>(down && d < A(0)) - static_cast<int>(up && d > A(0));
+  // one query per block, grid-strided (more queries than blocks: gridDim.x <= 2^31 - 1)
+  for (int64_t qg = blockIdx.x; qg < n_total; qg += gridDim.x) {
+    const bool t2i = qg >= n_i2t;
+    const int64_t q = t2i ? qg - n_i2t : qg;
+    const int64_t sc = t2i ? s0 : s1, rc = t2i ? r0 : r1, mc = t2i ? m0 : m1;
+    const T* row = sim + q * (t2i ? s1 : s0);
+    const R* rrow = rel + q * (t2i ? r1 : r0);
+    const uint8_t* mrow = mask == nullptr ? nullptr : mask + q * (t2i ? m1 : m0);
+    const int64_t n_c = t2i ? n : m;
+    // this query's entries of its dsim slab: element c at out[c * oc]
+    A* out = dsim + (t2i && n_i2t > 0 ? n * m : 0) + (t2i ? q : q * m);
+    const int64_t oc = t2i ? m : 1;
+    A l_sum = 0, p_sum = 0;
+    long long n_sum = 0, v_sum = 0;
+    for (int64_t j0 = 0; j0 < n_c; j0 += kThreads) {
+      const int64_t j = j0 + threadIdx.x;
+      const bool valid = j < n_c && (mrow == nullptr || mrow[j * mc] != 0);
+      const A s_j = valid ? load(row[j * sc]) : A(0);
+      const A r_j = valid ? load(rrow[j * rc]) : A(0);
+      const A ra_j = r_j + alpha;
+      A l_j = 0;
+      int n_j = 0, g_j = 0;
+      for (int64_t c0 = 0; c0 < n_c; c0 += kChunk) {
+        const int len = n_c - c0 < kChunk ? static_cast<int>(n_c - c0) : kChunk;
+        for (int t = threadIdx.x; t < len; t += kThreads) {
+          const int64_t k = c0 + t;
+          const bool in = mrow == nullptr || mrow[k * mc] != 0;
+          const A r = load(rrow[k * rc]);
+          s_k[t] = in ? load(row[k * sc]) : A(0);
+          r_k[t] = in ? r : -inf;
+          ra_k[t] = in ? r + alpha : inf;
         }
+        __syncthreads();
+        if (valid) {
+          for (int t = 0; t < len; ++t) {
+            const bool up = r_j > ra_k[t];    // r_j > r_k + a: pair term [s_k - s_j]+
+            const bool down = r_k[t] > ra_j;  // r_k > r_j + a: pair term [s_j - s_k]+
+            const A d = s_k[t] - s_j;
+            l_j += (up && d > A(0)) ? d : A(0);
+            n_j += up;
+            g_j += static_cast<int>(down && d < A(0)) - static_cast<int>(up && d > A(0));
+          }
+        }
+        __syncthreads();
       }
-      __syncthreads();
+      if (valid) {
+        out[j * oc] = static_cast<A>(g_j);
+        l_sum += l_j;
+        n_sum += n_j;
+        p_sum += poison(s_j) + poison(r_j);
+        v_sum += 1;
+      } else if (j < n_c) {
+        out[j * oc] = A(0);  // masked: gradient exactly 0
+      }
     }
-    if (valid) {
-      out[j * oc] = static_cast<A>(g_j);
-      l_sum += l_j;
-      n_sum += n_j;
-      p_sum += poison(s_j) + poison(r_j);
-      v_sum += 1;
-    } else if (j < n_c) {
-      out[j * oc] = A(0);  // masked: gradient exactly 0
+    const A total = block_sum(l_sum, scratch);
+    const A pois = block_sum(p_sum, scratch);
+    const long long cnt = block_sum(n_sum, scratch_n);
+    const long long n_valid = block_sum(v_sum, scratch_n);
+    const A denom = static_cast<A>(cnt > 1 ? cnt : 1);
+    for (int64_t j = threadIdx.x; j < n_c; j += kThreads) {  // own entries only
+      if (mrow == nullptr || mrow[j * mc] != 0) out[j * oc] = out[j * oc] / denom + pois;
     }
-  }
-  const A total = block_sum(l_sum, scratch);
-  const A pois = block_sum(p_sum, scratch);
-  const long long cnt = block_sum(n_sum, scratch_n);
-  const long long n_valid = block_sum(v_sum, scratch_n);
-  const A denom = static_cast<A>(cnt > 1 ? cnt : 1);
-  for (int64_t j = threadIdx.x; j < n_c; j += kThreads) {  // own entries only
-    if (mrow == nullptr || mrow[j * mc] != 0) out[j * oc] = out[j * oc] / denom + pois;
-  }
-  if (threadIdx.x == 0) {
-    const A lq = total / denom + pois;
-    aux[qg] = lq;
-    aux[n_total + qg] = n_valid > 0 ? A(1) : A(0);
-    if (loss_none != nullptr) loss_none[qg] = lq;
+    if (threadIdx.x == 0) {
+      const A lq = total / denom + pois;
+      aux[qg] = lq;
+      aux[n_total + qg] = n_valid > 0 ? A(1) : A(0);
+      if (loss_none != nullptr) loss_none[qg] = lq;
+    }
   }
 }
 
@@ -143,20 +146,20 @@ __global__ void __launch_bounds__(kThreads) kendall_backward_kernel(const acc_t<
 }
 
 template <typename T, typename R>
-void launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1,
-                    const uint8_t* mask, int64_t m0, int64_t m1, int64_t n, int64_t m, double alpha, int direction,
-                    int reduction, void* loss, void* dsim, void* aux, cudaStream_t st) {
+int launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1,
+                   const uint8_t* mask, int64_t m0, int64_t m1, int64_t n, int64_t m, double alpha, int direction,
+                   int reduction, void* loss, void* dsim, void* aux, cudaStream_t st) {
   using A = acc_t<T>;
   const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
   const int64_t n_total = n_i2t + n_t2i;
   A* aux_a = static_cast<A*>(aux);
-  kendall_kernel<T, R><<<static_cast<unsigned>(n_total), kThreads, 0, st>>>(
-      static_cast<const T*>(sim), s0, s1, static_cast<const R*>(rel), r0, r1, mask, m0, m1, n, m, n_i2t, n_total,
-      static_cast<A>(alpha), static_cast<A*>(dsim), aux_a, reduction == kNone ? static_cast<A*>(loss) : nullptr);
-  if (reduction != kNone) {
-    const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
-    reduce_queries_kernel<A><<<1, 256, 0, st>>>(aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
-  }
+  const int e = launch(kendall_kernel<T, R>, strided_grid(n_total), kThreads, 0, st, static_cast<const T*>(sim),
+                       s0, s1, static_cast<const R*>(rel), r0, r1, mask, m0, m1, n, m, n_i2t, n_total,
+                       static_cast<A>(alpha), static_cast<A*>(dsim), aux_a,
+                       reduction == kNone ? static_cast<A*>(loss) : nullptr);
+  if (e != 0 || reduction == kNone) return e;
+  const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
+  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
 }
 
 }  // namespace
@@ -168,14 +171,10 @@ int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
   FASTRANK_DISPATCH_CUDA(dt, T, {
-    if (rel_same) {
-      launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0, mask_s1, n, m, alpha,
-                           direction, reduction, loss, dsim, aux, st);
-    } else {
-      launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0, mask_s1, n, m, alpha,
-                                  direction, reduction, loss, dsim, aux, st);
-    }
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return rel_same ? launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0, mask_s1, n, m,
+                                           alpha, direction, reduction, loss, dsim, aux, st)
+                    : launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0,
+                                                  mask_s1, n, m, alpha, direction, reduction, loss, dsim, aux, st);
   });
   return 0;
 }
@@ -183,14 +182,12 @@ int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int
 int kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
                      int direction, int reduction, void* grad, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const int64_t blocks64 = (n * m + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(blocks64 < 65536 ? blocks64 : 65536);
+  const unsigned blocks = strided_grid((n * m + kThreads - 1) / kThreads, 65536);
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    kendall_backward_kernel<T><<<blocks, kThreads, 0, st>>>(
-        static_cast<const A*>(dsim), static_cast<const A*>(aux), static_cast<const A*>(grad_out), n, m,
-        (direction & kI2T) != 0, (direction & kT2I) != 0, reduction == kNone, static_cast<T*>(grad));
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return launch(kendall_backward_kernel<T>, blocks, kThreads, 0, st, static_cast<const A*>(dsim),
+                  static_cast<const A*>(aux), static_cast<const A*>(grad_out), n, m, (direction & kI2T) != 0,
+                  (direction & kT2I) != 0, reduction == kNone, static_cast<T*>(grad));
   });
   return 0;
 }

@@ -5,7 +5,7 @@
 // are computed in the kernels from (alpha, beta, hi, n_w) with IEEE double operations
 // that nvcc cannot fuse or reorder (__dmul_rn, __dsub_rn), the same values Python
 // computes, rounded once to the accumulation type.
-// Forward tiling: one block of 256 threads per query; grid = n_total (i2t rows, then t2i
+// Forward tiling: one block of 256 threads per query, grid-strided (i2t rows, then t2i
 // columns through swapped strides); the windows are processed in chunks of kWin (one
 // chunk for the usual n_w = 18). The edges are non-increasing in m, so a candidate j is
 // a positive of windows m >= p_j = #{m : u_m > r_j} and a negative of windows
@@ -21,8 +21,8 @@
 // over N_m, ties to the lower index), writes idx and adds the hinges in window order.
 // The poison (sum of 0 * s + 0 * r over the row, a fixed-tree block sum) is added to the
 // query's loss. Memory: 12 * kWin bytes of shared memory per block; idx (n_total, n_w, 2).
-// Backward tiling: one block per tile of kTileR rows x kTileC columns of grad (thread
-// per entry, consecutive threads along a row: coalesced writes). The block stages the
+// Backward tiling: one block per tile of kTileR rows x kTileC columns of grad, the tiles on
+// a flat gridDim.x (thread per entry, consecutive threads along a row: coalesced writes). The block stages the
 // windows of its kTileR rows (i2t) and kTileC columns (t2i) in shared memory, kWin at a
 // time, as (j*, k*) or (-1, -1) when the window is inactive (s_{k*} <= s_{j*}); entry
 // (i, j) counts +1 / -1 where it is k* / j* of its row's and of its column's windows,
@@ -34,6 +34,7 @@
 
 #include "fastrank/kendall.h"
 #include "fastrank/kendall_sw.h"
+#include "fastrank/launch.h"
 
 namespace fastrank {
 namespace cuda {
@@ -89,86 +90,88 @@ __global__ void __launch_bounds__(kThreads) sw_forward_kernel(const T* __restric
   __shared__ unsigned long long p_key[kWin], n_key[kWin];
   __shared__ int p_idx[kWin], n_idx[kWin];
   __shared__ A scratch[kThreads];
-  const int64_t qg = blockIdx.x;
-  const bool t2i = qg >= n_i2t;
-  const int64_t q = t2i ? qg - n_i2t : qg;
-  const int64_t sc = t2i ? s0 : s1, rc = t2i ? r0 : r1;
-  const T* row = sim + q * (t2i ? s1 : s0);
-  const R* rrow = rel + q * (t2i ? r1 : r0);
-  const int64_t n_c = t2i ? n : m;
-  int32_t* out = idx + qg * static_cast<int64_t>(n_w) * 2;
-  A p_sum = 0;
-  for (int64_t c = threadIdx.x; c < n_c; c += kThreads) p_sum += poison(load(row[c * sc])) + poison(load(rrow[c * rc]));
-  const A pois = block_sum(p_sum, scratch);
-  A total = 0;  // used by thread 0 only
-  for (int c0 = 0; c0 < n_w; c0 += kWin) {
-    const int c1 = n_w - c0 < kWin ? n_w : c0 + kWin;
-    for (int b = threadIdx.x; b < kWin; b += kThreads) {
-      p_key[b] = ~0ull; n_key[b] = 0ull; p_idx[b] = INT_MAX; n_idx[b] = INT_MAX;
-    }
-    __syncthreads();
-    // pass 1: the extreme score of each bucket
-    for (int64_t c = threadIdx.x; c < n_c; c += kThreads) {
-      const A r = load(rrow[c * rc]);
-      const unsigned long long key = order_key(load(row[c * sc]));
-      const int p = count_above<A, true>(edges, n_w, r);
-      if (p < c1) atomicMin(&p_key[(p > c0 ? p : c0) - c0], key);
-      const int nn = count_above<A, false>(edges, n_w, r);
-      if (nn > c0) atomicMax(&n_key[(nn < c1 ? nn : c1) - 1 - c0], key);
-    }
-    __syncthreads();
-    // pass 2: the lowest index holding it
-    for (int64_t c = threadIdx.x; c < n_c; c += kThreads) {
-      const A r = load(rrow[c * rc]);
-      const unsigned long long key = order_key(load(row[c * sc]));
-      const int p = count_above<A, true>(edges, n_w, r);
-      if (p < c1) {
-        const int b = (p > c0 ? p : c0) - c0;
-        if (p_key[b] == key) atomicMin(&p_idx[b], static_cast<int>(c));
+  // one query per block, grid-strided (more queries than blocks: gridDim.x <= 2^31 - 1)
+  for (int64_t qg = blockIdx.x; qg < n_total; qg += gridDim.x) {
+    const bool t2i = qg >= n_i2t;
+    const int64_t q = t2i ? qg - n_i2t : qg;
+    const int64_t sc = t2i ? s0 : s1, rc = t2i ? r0 : r1;
+    const T* row = sim + q * (t2i ? s1 : s0);
+    const R* rrow = rel + q * (t2i ? r1 : r0);
+    const int64_t n_c = t2i ? n : m;
+    int32_t* out = idx + qg * static_cast<int64_t>(n_w) * 2;
+    A p_sum = 0;
+    for (int64_t c = threadIdx.x; c < n_c; c += kThreads) p_sum += poison(load(row[c * sc])) + poison(load(rrow[c * rc]));
+    const A pois = block_sum(p_sum, scratch);
+    A total = 0;  // used by thread 0 only
+    for (int c0 = 0; c0 < n_w; c0 += kWin) {
+      const int c1 = n_w - c0 < kWin ? n_w : c0 + kWin;
+      for (int b = threadIdx.x; b < kWin; b += kThreads) {
+        p_key[b] = ~0ull; n_key[b] = 0ull; p_idx[b] = INT_MAX; n_idx[b] = INT_MAX;
       }
-      const int nn = count_above<A, false>(edges, n_w, r);
-      if (nn > c0) {
-        const int b = (nn < c1 ? nn : c1) - 1 - c0;
-        if (n_key[b] == key) atomicMin(&n_idx[b], static_cast<int>(c));
+      __syncthreads();
+      // pass 1: the extreme score of each bucket
+      for (int64_t c = threadIdx.x; c < n_c; c += kThreads) {
+        const A r = load(rrow[c * rc]);
+        const unsigned long long key = order_key(load(row[c * sc]));
+        const int p = count_above<A, true>(edges, n_w, r);
+        if (p < c1) atomicMin(&p_key[(p > c0 ? p : c0) - c0], key);
+        const int nn = count_above<A, false>(edges, n_w, r);
+        if (nn > c0) atomicMax(&n_key[(nn < c1 ? nn : c1) - 1 - c0], key);
       }
+      __syncthreads();
+      // pass 2: the lowest index holding it
+      for (int64_t c = threadIdx.x; c < n_c; c += kThreads) {
+        const A r = load(rrow[c * rc]);
+        const unsigned long long key = order_key(load(row[c * sc]));
+        const int p = count_above<A, true>(edges, n_w, r);
+        if (p < c1) {
+          const int b = (p > c0 ? p : c0) - c0;
+          if (p_key[b] == key) atomicMin(&p_idx[b], static_cast<int>(c));
+        }
+        const int nn = count_above<A, false>(edges, n_w, r);
+        if (nn > c0) {
+          const int b = (nn < c1 ? nn : c1) - 1 - c0;
+          if (n_key[b] == key) atomicMin(&n_idx[b], static_cast<int>(c));
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        // P_m grows with m: prefix minimum (ties: lower index)
+        unsigned long long rk = ~0ull;
+        int ri = INT_MAX;
+        for (int b = 0; b < c1 - c0; ++b) {
+          if (p_idx[b] != INT_MAX && (ri == INT_MAX || p_key[b] < rk || (p_key[b] == rk && p_idx[b] < ri))) {
+            rk = p_key[b]; ri = p_idx[b];
+          }
+          p_idx[b] = ri;
+        }
+        // N_m shrinks with m: suffix maximum (ties: lower index); the chunk's windows
+        // [c0, c1) also see the negatives of later chunks through nn >= c1 -> bucket c1-1-c0
+        rk = 0ull;
+        ri = INT_MAX;
+        for (int b = c1 - c0 - 1; b >= 0; --b) {
+          if (n_idx[b] != INT_MAX && (ri == INT_MAX || n_key[b] > rk || (n_key[b] == rk && n_idx[b] < ri))) {
+            rk = n_key[b]; ri = n_idx[b];
+          }
+          n_idx[b] = ri;
+        }
+        // Eq. 19: sum_m [s_{k*} - s_{j*}]+ in window order
+        for (int b = 0; b < c1 - c0; ++b) {
+          const int j = p_idx[b], k = n_idx[b];
+          const int64_t mw = c0 + b;
+          out[2 * mw] = j == INT_MAX ? -1 : j;
+          out[2 * mw + 1] = k == INT_MAX ? -1 : k;
+          if (j != INT_MAX && k != INT_MAX) total += hinge_nan(load(row[k * sc]) - load(row[j * sc]));
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
     if (threadIdx.x == 0) {
-      // P_m grows with m: prefix minimum (ties: lower index)
-      unsigned long long rk = ~0ull;
-      int ri = INT_MAX;
-      for (int b = 0; b < c1 - c0; ++b) {
-        if (p_idx[b] != INT_MAX && (ri == INT_MAX || p_key[b] < rk || (p_key[b] == rk && p_idx[b] < ri))) {
-          rk = p_key[b]; ri = p_idx[b];
-        }
-        p_idx[b] = ri;
-      }
-      // N_m shrinks with m: suffix maximum (ties: lower index); the chunk's windows
-      // [c0, c1) also see the negatives of later chunks through nn >= c1 -> bucket c1-1-c0
-      rk = 0ull;
-      ri = INT_MAX;
-      for (int b = c1 - c0 - 1; b >= 0; --b) {
-        if (n_idx[b] != INT_MAX && (ri == INT_MAX || n_key[b] > rk || (n_key[b] == rk && n_idx[b] < ri))) {
-          rk = n_key[b]; ri = n_idx[b];
-        }
-        n_idx[b] = ri;
-      }
-      // Eq. 19: sum_m [s_{k*} - s_{j*}]+ in window order
-      for (int b = 0; b < c1 - c0; ++b) {
-        const int j = p_idx[b], k = n_idx[b];
-        const int64_t mw = c0 + b;
-        out[2 * mw] = j == INT_MAX ? -1 : j;
-        out[2 * mw + 1] = k == INT_MAX ? -1 : k;
-        if (j != INT_MAX && k != INT_MAX) total += hinge_nan(load(row[k * sc]) - load(row[j * sc]));
-      }
+      const A lq = total / static_cast<A>(n_w) + pois;
+      aux[qg] = lq;
+      aux[n_total + qg] = A(1);
+      if (loss_none != nullptr) loss_none[qg] = lq;
     }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    const A lq = total / static_cast<A>(n_w) + pois;
-    aux[qg] = lq;
-    aux[n_total + qg] = A(1);
-    if (loss_none != nullptr) loss_none[qg] = lq;
   }
 }
 
@@ -176,12 +179,13 @@ template <typename T>
 __global__ void __launch_bounds__(kTileC * kTileR) sw_backward_kernel(
     const T* __restrict__ sim, int64_t s0, int64_t s1, const int32_t* __restrict__ idx, int n_w,
     const acc_t<T>* __restrict__ aux, const acc_t<T>* __restrict__ go, int64_t n, int64_t m, bool i2t, bool t2i,
-    bool none, T* __restrict__ grad) {
+    bool none, int64_t tiles_c, T* __restrict__ grad) {
   using A = acc_t<T>;
   __shared__ int row_w[kTileR][kBwdWin][2];
   __shared__ int col_w[kTileC][kBwdWin][2];
   const int tx = threadIdx.x % kTileC, ty = threadIdx.x / kTileC;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTileR, j0 = static_cast<int64_t>(blockIdx.y) * kTileC;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) / tiles_c * kTileR;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) % tiles_c * kTileC;
   const int64_t i = i0 + ty, j = j0 + tx;
   const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
   const int64_t off_t = i2t ? n : 0;  // first t2i query
@@ -226,20 +230,19 @@ __global__ void __launch_bounds__(kTileC * kTileR) sw_backward_kernel(
 }
 
 template <typename T, typename R>
-void launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1, int64_t n,
-                    int64_t m, Edges edges, int n_w, int direction, int reduction, void* loss, int32_t* idx,
-                    void* aux, cudaStream_t st) {
+int launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1, int64_t n,
+                   int64_t m, Edges edges, int n_w, int direction, int reduction, void* loss, int32_t* idx,
+                   void* aux, cudaStream_t st) {
   using A = acc_t<T>;
   const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
   const int64_t n_total = n_i2t + n_t2i;
   A* aux_a = static_cast<A*>(aux);
-  sw_forward_kernel<T, R><<<static_cast<unsigned>(n_total), kThreads, 0, st>>>(
-      static_cast<const T*>(sim), s0, s1, static_cast<const R*>(rel), r0, r1, n, m, n_i2t, n_total, edges, n_w,
-      aux_a, idx, reduction == kNone ? static_cast<A*>(loss) : nullptr);
-  if (reduction != kNone) {
-    const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
-    reduce_queries_kernel<A><<<1, 256, 0, st>>>(aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
-  }
+  const int e = launch(sw_forward_kernel<T, R>, strided_grid(n_total), kThreads, 0, st,
+                       static_cast<const T*>(sim), s0, s1, static_cast<const R*>(rel), r0, r1, n, m, n_i2t,
+                       n_total, edges, n_w, aux_a, idx, reduction == kNone ? static_cast<A*>(loss) : nullptr);
+  if (e != 0 || reduction == kNone) return e;
+  const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
+  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
 }
 
 }  // namespace
@@ -252,14 +255,10 @@ int kendall_sw_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, 
   const Edges edges{alpha, beta, hi};
   const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
   FASTRANK_DISPATCH_CUDA(dt, T, {
-    if (rel_same) {
-      launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, n, m, edges, static_cast<int>(n_w), direction,
-                           reduction, loss, idx, aux, st);
-    } else {
-      launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, n, m, edges, static_cast<int>(n_w),
-                                  direction, reduction, loss, idx, aux, st);
-    }
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return rel_same ? launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, n, m, edges,
+                                           static_cast<int>(n_w), direction, reduction, loss, idx, aux, st)
+                    : launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, n, m, edges,
+                                                  static_cast<int>(n_w), direction, reduction, loss, idx, aux, st);
   });
   return 0;
 }
@@ -268,16 +267,16 @@ int kendall_sw_backward(DType dt, const void* sim, int64_t sim_s0, int64_t sim_s
                         const void* aux, const void* grad_out, int64_t n, int64_t m, int direction, int reduction,
                         void* grad, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  // rows in grid.x (up to 2^31 - 1 tiles), columns in grid.y (up to 65535 tiles: m <= 2,097,120)
-  if ((m + kTileC - 1) / kTileC > 65535) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid(static_cast<unsigned>((n + kTileR - 1) / kTileR), static_cast<unsigned>((m + kTileC - 1) / kTileC));
+  // row tiles x column tiles on a flat gridDim.x (no 65535 limit on either)
+  const int64_t tiles_c = (m + kTileC - 1) / kTileC;
+  const unsigned grid = flat_grid((n + kTileR - 1) / kTileR * tiles_c);
+  if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    sw_backward_kernel<T><<<grid, kTileC * kTileR, 0, st>>>(
-        static_cast<const T*>(sim), sim_s0, sim_s1, idx, static_cast<int>(n_w), static_cast<const A*>(aux),
-        static_cast<const A*>(grad_out), n, m, (direction & kI2T) != 0, (direction & kT2I) != 0,
-        reduction == kNone, static_cast<T*>(grad));
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return launch(sw_backward_kernel<T>, grid, kTileC * kTileR, 0, st, static_cast<const T*>(sim), sim_s0, sim_s1,
+                  idx, static_cast<int>(n_w), static_cast<const A*>(aux), static_cast<const A*>(grad_out), n, m,
+                  (direction & kI2T) != 0, (direction & kT2I) != 0, reduction == kNone, tiles_c,
+                  static_cast<T*>(grad));
   });
   return 0;
 }

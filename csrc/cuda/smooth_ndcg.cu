@@ -1,7 +1,9 @@
 // Fused smooth-NDCG on CUDA (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
 //
 // One call = 2 launches forward + 1 backward, for every N and direction, no host sync:
-//   forward_tiles  grid = (ceil(m / 16), ceil(n / 16)) blocks of 16 x 16 threads; thread
+//   forward_tiles  grid = ceil(n / 16) * ceil(m / 16) blocks of 16 x 16 threads on a flat
+//                  gridDim.x (block b is row tile by = b / ceil(m / 16), column tile
+//                  bx = b % ceil(m / 16): no gridDim.y limit on the number of rows); thread
 //                  (ty, tx) owns element (i, j) = (16 * by + ty, 16 * bx + tx) of sim and
 //                  computes both its i2t smooth rank (over row i) and its t2i smooth rank
 //                  (over column j), its gain rank among the list's gains (for the IDCG:
@@ -16,7 +18,8 @@
 // Tiling / memory: candidates are staged through shared memory in chunks of kChunk: the
 // 16 rows of the tile x kChunk columns (i2t) and kChunk rows x the 16 columns of the tile
 // (t2i), values converted to the accumulation type A once on load (half/bf16 read
-// directly); every staged value is reused by 16 threads, and global reads are coalesced
+// directly; relevance is read in its own dtype, sim's or the accumulation type, so bfloat16
+// scores never round float32 labels); every staged value is reused by 16 threads, and global reads are coalesced
 // along rows (16-element segments for the t2i columns of a row-major sim). Masked items
 // are staged with a 0 flag (a predicate, not a compaction) and their values never read.
 // Saved state: ws = a per direction (n * m A each), idcg, counts; partials (3 values per
@@ -26,6 +29,7 @@
 // buffer); exp and reciprocal are single MUFU instructions, so it is not worth it here.
 #include <cuda_runtime.h>
 
+#include "fastrank/launch.h"
 #include "fastrank/smooth_ndcg.h"
 
 namespace fastrank {
@@ -62,11 +66,11 @@ __device__ __forceinline__ void stage_chunk(int d, int64_t c0, int64_t i0, int64
   }
 }
 
-template <typename T>
+template <typename T, typename R>
 __global__ void __launch_bounds__(kThreads)
-forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __restrict__ rel, int64_t rs0,
+forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const R* __restrict__ rel, int64_t rs0,
               int64_t rs1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-              int direction, acc_t<T> inv_tau, acc_t<T>* __restrict__ a1, acc_t<T>* __restrict__ a2,
+              int64_t tiles_m, int direction, acc_t<T> inv_tau, acc_t<T>* __restrict__ a1, acc_t<T>* __restrict__ a2,
               acc_t<T>* __restrict__ part1, acc_t<T>* __restrict__ part2) {
   using A = acc_t<T>;
   __shared__ A sh_s[kTile][kChunk + 1];  // staged scores   [tile row or column][candidate]
@@ -74,7 +78,8 @@ forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __re
   __shared__ bool sh_v[kTile][kChunk + 1];  // staged "in the list"
   __shared__ A red[3][kTile][kTile + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t i0 = int64_t(blockIdx.y) * kTile, j0 = int64_t(blockIdx.x) * kTile;
+  const int64_t bx = int64_t(blockIdx.x) % tiles_m, by = int64_t(blockIdx.x) / tiles_m;
+  const int64_t i0 = by * kTile, j0 = bx * kTile;
   const int64_t i = i0 + ty, j = j0 + tx;
   const bool in = i < n && j < m;
   const bool v_ij = in && in_list(mask, ms0, ms1, i, j);
@@ -127,12 +132,12 @@ forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const T* __re
     if (d == 0 && tx < 3 && i < n) {
       A acc = 0;
       for (int t = 0; t < kTile; ++t) acc += red[tx][ty][t];
-      part1[(int64_t(blockIdx.x) * n + i) * 3 + tx] = acc;
+      part1[(bx * n + i) * 3 + tx] = acc;
     }
     if (d == 1 && ty < 3 && j < m) {
       A acc = 0;
       for (int t = 0; t < kTile; ++t) acc += red[ty][t][tx];
-      part2[(int64_t(blockIdx.y) * m + j) * 3 + ty] = acc;
+      part2[(by * m + j) * 3 + ty] = acc;
     }
     __syncthreads();
   }
@@ -186,7 +191,7 @@ finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ mask, int64_t ms0,
-               int64_t ms1, int64_t n, int64_t m, int direction, int reduction, acc_t<T> inv_tau,
+               int64_t ms1, int64_t n, int64_t m, int64_t tiles_m, int direction, int reduction, acc_t<T> inv_tau,
                const acc_t<T>* __restrict__ grad_out, int64_t gs, const acc_t<T>* __restrict__ ws,
                T* __restrict__ grad) {
   using A = acc_t<T>;
@@ -195,7 +200,7 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
   __shared__ bool sh_v[kTile][kChunk + 1];
   const Layout L = smooth_ndcg_layout(n, m, direction);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t i0 = int64_t(blockIdx.y) * kTile, j0 = int64_t(blockIdx.x) * kTile;
+  const int64_t i0 = int64_t(blockIdx.x) / tiles_m * kTile, j0 = int64_t(blockIdx.x) % tiles_m * kTile;
   const int64_t i = i0 + ty, j = j0 + tx;
   const bool in = i < n && j < m;
   const bool v_ij = in && in_list(mask, ms0, ms1, i, j);
@@ -238,29 +243,39 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
   if (in) grad[i * m + j] = store<T>(v_ij ? total : A(0));
 }
 
+template <typename T, typename R>
+int launch_forward(const void* sim, int64_t ss0, int64_t ss1, const void* rel, int64_t rs0, int64_t rs1,
+                   const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
+                   int reduction, double tau, void* out, void* ws, void* partials, cudaStream_t st) {
+  using A = acc_t<T>;
+  const Layout L = smooth_ndcg_layout(n, m, direction);
+  const unsigned grid = flat_grid(tiles(n) * tiles(m));
+  if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
+  A* w = static_cast<A*>(ws);
+  A* part1 = static_cast<A*>(partials);
+  A* part2 = part1 + (L.d1 ? 3 * n * tiles(m) : 0);
+  const int e = launch(forward_tiles<T, R>, grid, kThreads, 0, st, static_cast<const T*>(sim), ss0, ss1,
+                       static_cast<const R*>(rel), rs0, rs1, mask, ms0, ms1, n, m, tiles(m), direction,
+                       static_cast<A>(1.0 / tau), w + L.a1, w + L.a2, part1, part2);
+  if (e != 0) return e;
+  return launch(finalize<A>, 1, kFinalThreads, 0, st, n, m, direction, reduction, part1, part2, w,
+                static_cast<A*>(out));
+}
+
 }  // namespace
 
-int smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel, int64_t rs0,
-                        int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                        int direction, int reduction, int with_grad, double tau, void* out, void* ws,
+int smooth_ndcg_forward(DType dt, DType rel_dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
+                        int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n,
+                        int64_t m, int direction, int reduction, int with_grad, double tau, void* out, void* ws,
                         void* partials, void* stream) {
   (void)with_grad;  // a is cheap next to the ranks: always written
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (tiles(n) > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
-  const Layout L = smooth_ndcg_layout(n, m, direction);
-  const dim3 grid(static_cast<unsigned>(tiles(m)), static_cast<unsigned>(tiles(n)));
+  const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
   FASTRANK_DISPATCH_CUDA(dt, T, {
-    using A = acc_t<T>;
-    A* w = static_cast<A*>(ws);
-    A* part1 = static_cast<A*>(partials);
-    A* part2 = part1 + (L.d1 ? 3 * n * tiles(m) : 0);
-    forward_tiles<T><<<grid, kThreads, 0, st>>>(
-        static_cast<const T*>(sim), ss0, ss1, static_cast<const T*>(rel), rs0, rs1, mask, ms0, ms1, n, m,
-        direction, static_cast<A>(1.0 / tau), w + L.a1, w + L.a2, part1, part2);
-    FASTRANK_CUDA_CHECK_LAUNCH();
-    finalize<A><<<1, kFinalThreads, 0, st>>>(n, m, direction, reduction, part1, part2, w,
-                                             static_cast<A*>(out));
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return rel_same ? launch_forward<T, T>(sim, ss0, ss1, rel, rs0, rs1, mask, ms0, ms1, n, m, direction,
+                                           reduction, tau, out, ws, partials, st)
+                    : launch_forward<T, acc_t<T>>(sim, ss0, ss1, rel, rs0, rs1, mask, ms0, ms1, n, m, direction,
+                                                  reduction, tau, out, ws, partials, st);
   });
   return 0;
 }
@@ -269,15 +284,13 @@ int smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, co
                          int64_t ms1, int64_t n, int64_t m, int direction, int reduction, double tau,
                          const void* grad_out, int64_t gs, const void* ws, void* grad, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (tiles(n) > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
-  const dim3 grid(static_cast<unsigned>(tiles(m)), static_cast<unsigned>(tiles(n)));
+  const unsigned grid = flat_grid(tiles(n) * tiles(m));
+  if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
   FASTRANK_DISPATCH_CUDA(dt, T, {
     using A = acc_t<T>;
-    backward_tiles<T><<<grid, kThreads, 0, st>>>(
-        static_cast<const T*>(sim), ss0, ss1, mask, ms0, ms1, n, m, direction, reduction,
-        static_cast<A>(1.0 / tau), static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws),
-        static_cast<T*>(grad));
-    FASTRANK_CUDA_CHECK_LAUNCH();
+    return launch(backward_tiles<T>, grid, kThreads, 0, st, static_cast<const T*>(sim), ss0, ss1, mask, ms0,
+                  ms1, n, m, tiles(m), direction, reduction, static_cast<A>(1.0 / tau),
+                  static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws), static_cast<T*>(grad));
   });
   return 0;
 }

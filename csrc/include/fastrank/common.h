@@ -282,10 +282,6 @@ inline void gather_rows(const T* base, int64_t s_q, int64_t s_c, int64_t q0, int
 
 #if defined(__CUDACC__)
 // ---- CUDA helpers ------------------------------------------------------------------------
-// Launch checks: entry points return the cudaError_t of the launch as int (0 = success).
-#define FASTRANK_CUDA_CHECK_LAUNCH() \
-  do { cudaError_t e_ = cudaGetLastError(); if (e_ != cudaSuccess) return static_cast<int>(e_); } while (0)
-
 // Deterministic block sum of one value per thread (fixed tree order, no atomics).
 // `scratch` holds blockDim.x values; blockDim.x must be a power of two. Every thread
 // returns the block's sum.

@@ -83,7 +83,7 @@ int kendall_backward(DType dt, const void* dsim, const void* aux, const void* gr
 // (qloss, qvalid, coef); slab 0 has n0 queries at 0, slab 1 n1 queries at n0 (n1 = 0 for
 // one direction). Writes coef and loss[0]. Fixed summation order: deterministic.
 template <typename A>
-__global__ void reduce_queries_kernel(A* __restrict__ aux, int64_t n_total, int64_t n0, int64_t n1, int reduction,
+__global__ void __launch_bounds__(256) reduce_queries_kernel(A* __restrict__ aux, int64_t n_total, int64_t n0, int64_t n1, int reduction,
                                       A* __restrict__ loss) {
   __shared__ A scratch[256];
   const A* qloss = aux;

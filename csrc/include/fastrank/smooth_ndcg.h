@@ -1,10 +1,12 @@
 // Smooth-NDCG kernels (SPEC.md 2.1 and 2.1a; paper 000, Eq. 16-21): entry points.
 //
-// One call computes every requested direction and the reduction (issue 11).
+// One call computes every requested direction and the reduction.
 // sim, rel and mask are strided (n, m) matrices: element (i, j) of sim is
 // sim[i * ss0 + j * ss1] (strides in elements). The i2t queries are the n rows, the t2i
 // queries the m columns: the same code over the swapped strides, never a transposed copy.
-// rel is in sim's storage type. mask (uint8 0/1, may be null = every item valid):
+// rel: on the CPU in sim's storage type; on CUDA in sim's storage type or the accumulation
+// type (`rel_dt`), so labels are never rounded to a half-precision sim's dtype.
+// mask (uint8 0/1, may be null = every item valid):
 // a masked entry takes part in no rank, gain, pair or IDCG, and its gradient is 0.
 // `direction` and `reduction` are the codes of common.h (Direction, Reduction).
 //
@@ -77,7 +79,7 @@ namespace cuda {
 // `partials`: per-tile partial sums of the forward (A elements, freed after it):
 // 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16) if t2i); see smooth_ndcg.cu.
 // Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-int smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
+int smooth_ndcg_forward(DType dt, DType rel_dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
                         int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
                         int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
                         void* out, void* ws, void* partials, void* stream);
