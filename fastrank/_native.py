@@ -23,6 +23,7 @@ from ._version import __version__
 _modules: Dict[str, object] = {}
 _errors: Dict[str, str] = {}
 _warned = set()
+_emulated_cuda = None  # see emulate_cuda
 
 
 def _load(name: str):
@@ -52,6 +53,25 @@ def cuda_module():
 # while looking up an already-loaded module traces fine. A failure is only recorded here.
 cpu_module()
 cuda_module()
+
+
+def emulate_cuda(module) -> object:
+    """Runs the CUDA kernels of ``module`` on CPU tensors (None: back to normal); returns the
+    previous setting.
+
+    ``module`` is an emulated build of the CUDA module (tests/simt: the same kernel sources,
+    compiled for the CPU against a SIMT emulator, with ``_C_cuda``'s exact API). While it is
+    set, every native op on a CPU tensor goes the CUDA way: the op layer allocates the
+    buffers the CUDA path allocates and calls this module's kernels. For the emulated-CUDA
+    tests; no user code needs it."""
+    global _emulated_cuda
+    previous, _emulated_cuda = _emulated_cuda, module
+    return previous
+
+
+def emulated_cuda():
+    """The module set by :func:`emulate_cuda`, or None."""
+    return _emulated_cuda
 
 
 def cuda_device_count() -> int:
@@ -96,6 +116,8 @@ def native_module(device: torch.device, impl: str, op: str):
     """
     if impl == "reference":
         return None
+    if device.type == "cpu" and _emulated_cuda is not None:
+        return _emulated_cuda
     if device.type == "cpu":
         mod, name = cpu_module(), "_C_cpu"
     elif device.type == "cuda":

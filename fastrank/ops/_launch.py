@@ -1,26 +1,43 @@
-"""Calling a native kernel from a torch custom op.
+"""Calling a native kernel: the one place where an op's tensors become a kernel call.
 
-The extension modules take raw pointers (``data_ptr()``), sizes, element strides and,
-for CUDA, the current stream; this module turns tensors into those arguments, so each
-op file only says which kernel to call with which tensors.
+The extension modules take raw pointers (``data_ptr()``), sizes, element strides, the dtype
+code first and, for CUDA, the current stream last. Every op calls its kernels through
+``call(name, x, *args)``, which picks the module for x's device (``fastrank._C_cpu`` or
+``fastrank._C_cuda``; under ``fastrank._native.emulate_cuda``, the emulated CUDA module for
+CPU tensors) and adds the dtype code and the stream. ``cuda_kernels(x)`` tells an op which
+calling convention that module has: CUDA kernels read half precision directly, take
+relevance in its own dtype and need the device workspaces the op allocates, so an emulated
+run gets exactly the buffers the CUDA path allocates.
 """
 from __future__ import annotations
 
 import torch
 
-from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, stream_of
+from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, emulated_cuda, stream_of
+
+# the raw cudaStream_t of the current stream, read without building a Stream object
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def cuda_kernels(x: torch.Tensor) -> bool:
+    """Whether x's native kernels are CUDA kernels (a CUDA tensor, or a CPU tensor while an
+    emulated CUDA module is set)."""
+    return x.device.type == "cuda" or (x.device.type == "cpu" and emulated_cuda() is not None)
 
 
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a kernel reads x in: CPU kernels take float32/float64 (half inputs are
     upcast), CUDA kernels take all four float dtypes."""
-    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+    if not cuda_kernels(x) and x.dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return x.dtype
 
 
 def module_for(x: torch.Tensor):
-    mod = cpu_module() if x.device.type == "cpu" else cuda_module()
+    if x.device.type == "cuda":
+        mod = cuda_module()
+    else:
+        mod = emulated_cuda() or cpu_module()
     if mod is None:  # the functional forms check this first; reaching here is a bug
         raise RuntimeError(f"fastrank: no native module for device {x.device}")
     return mod
@@ -31,17 +48,21 @@ def mat(x: torch.Tensor):
     return x.data_ptr(), x.stride(0), x.stride(1)
 
 
-def call(name: str, like: torch.Tensor, *args) -> None:
-    """Run kernel ``name`` of the module for like's device, on like's device and its
-    current CUDA stream, with the dtype code of like."""
-    mod = module_for(like)
+def call(name: str, like: torch.Tensor, *args):
+    """Run kernel ``name`` of the module for like's device with the dtype code of like, on
+    like's device and its current CUDA stream; returns what the kernel entry returns."""
     code = DTYPE_CODE[like.dtype]
-    fn = getattr(mod, name)
-    if like.device.type == "cuda":
-        with torch.cuda.device(like.device):
-            fn(code, *args, stream_of(like))
-    else:
-        fn(code, *args)
+    dev = like.device
+    if dev.type == "cuda":
+        fn = getattr(cuda_module(), name)
+        if _raw_stream is not None and dev.index == torch.cuda.current_device():
+            return fn(code, *args, _raw_stream(dev.index))
+        with torch.cuda.device(dev):
+            return fn(code, *args, stream_of(like))
+    emulated = emulated_cuda()
+    if emulated is not None:
+        return getattr(emulated, name)(code, *args, 0)  # the emulator runs every launch at once
+    return getattr(module_for(like), name)(code, *args)
 
 
 # Codes passed to the fused kernels (one call computes every requested direction and
@@ -68,5 +89,5 @@ def apply(function, op, *args):
     return function.apply(*args)
 
 
-__all__ = ["acc_dtype", "kernel_dtype", "mat", "call", "mask_args", "apply", "DIRECTION_CODE",
-           "REDUCTION_CODE"]
+__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "mat", "call", "module_for", "mask_args", "apply",
+           "DIRECTION_CODE", "REDUCTION_CODE"]

@@ -15,7 +15,7 @@ One call = one forward kernel entry and, under autograd, one backward kernel ent
 Eager calls go through an autograd.Function calling the kernels directly (the cheapest
 path); torch.compile traces the custom ops (fake + autograd registered). Both call
 ``_forward`` / ``_backward``, so they compute the same thing. Memory: the two outputs, the
-O(N + M) statistics and an O(N + M) workspace; nothing else (N, M)-sized (issue 12).
+O(N + M) statistics and an O(N + M) workspace; nothing else (N, M)-sized.
 
 Non-finite sim (SPEC.md 1): the kernels propagate NaN/inf into the scores and the
 gradient. The raising check reads only the statistics: on CPU the kernel reports whether
@@ -37,44 +37,29 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, native_module
+from .._native import acc_dtype, native_module
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
-from ._launch import call, kernel_dtype, mat, module_for
-
-_NATIVE_CPU = (torch.float32, torch.float64)
-
+from ._launch import call, cuda_kernels, kernel_dtype, mat, module_for
 
 def _kernel_input(sim: Tensor) -> Tensor:
-    """sim as the kernels read it: as-is on CUDA (all four float dtypes) and for float32/
-    float64 on CPU; half precision is upcast to float32 on CPU only."""
-    if sim.device.type == "cpu" and sim.dtype not in _NATIVE_CPU:
-        return sim.float()
-    return sim
+    """sim as the kernels read it: as-is for CUDA kernels (all four float dtypes) and for
+    float32/float64 on the CPU; half precision is upcast to float32 for the CPU kernels only."""
+    kd = kernel_dtype(sim)
+    return sim if kd == sim.dtype else sim.to(kd)
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch
-
-
-def _run(name: str, x: Tensor, *args) -> bool:
-    """Run kernel ``name`` for x's device and dtype. Returns the CPU kernels' "statistics
-    finite" flag (CUDA kernels are asynchronous: True). CUDA: on x's device and its current
-    stream; the raw stream handle is read without building a Stream object, and the device
-    is switched only when x is not on the current one."""
-    if x.device.type == "cpu":
-        return bool(getattr(cpu_module(), name)(DTYPE_CODE[x.dtype], *args))
-    idx = x.device.index
-    if _raw_stream is None or idx != torch.cuda.current_device():
-        call(name, x, *args)  # the general path (_launch.call: device guard + stream)
-    else:
-        getattr(cuda_module(), name)(DTYPE_CODE[x.dtype], *args, _raw_stream(idx))
-    return True
+def _run(name: str, x: Tensor, *args) -> Optional[bool]:
+    """Run kernel ``name`` for x (``_launch.call``). Returns the CPU kernels' "statistics
+    finite" flag, or None from CUDA kernels (asynchronous: the flag is unknown)."""
+    ok = call(name, x, *args)
+    return None if cuda_kernels(x) else bool(ok)
 
 
 def _workspace(x: Tensor, n: int, m: int, acc: torch.dtype) -> Optional[Tensor]:
     """Partial statistics of the kernels over a fixed grid of bands: O(N + M) values. CUDA:
     allocated here by torch (stream-ordered, capturable); CPU: None, the kernel allocates
     its own for the call (one allocation and size query less per pass)."""
-    if x.device.type == "cpu":
+    if not cuda_kernels(x):
         return None
     return torch.empty((int(module_for(x).fast_rerank_workspace(n, m)),), dtype=acc, device=x.device)
 
@@ -137,7 +122,7 @@ def check_statistics(*stats: Tensor, ok: Optional[bool] = None) -> None:
     set_check_finite(True)), the statistics are read: a host sync there."""
     if not V.check_finite_enabled(stats[0].device):
         return
-    if ok is None or stats[0].device.type != "cpu":
+    if ok is None:
         ok = all(V.all_finite(x) for x in stats)
     if not ok:
         raise ValueError("sim contains NaN or infinite values (or gamma[0] * sim or lam[0] * sim "
@@ -193,7 +178,7 @@ class _FastRerank(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sim, g1, g2, l1, l2):
         i2t, t2i, stats, ok = _forward(sim, g1, g2, l1, l2)
-        if not ok or stats.device.type != "cpu":
+        if ok is not True:  # False: raise (if checking); None (CUDA kernels): read them if checking
             check_statistics(stats, ok=ok)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(sim, stats)

@@ -17,13 +17,12 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, has_native, stream_of
+from .._native import DTYPE_CODE, acc_dtype, has_native
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, apply, mask_args
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, apply, call, cuda_kernels, kernel_dtype, mask_args, mat
 
 _TILE = 16  # CUDA tile edge (csrc/cuda/smooth_ndcg.cu: kTile)
-_CPU_DTYPES = (torch.float32, torch.float64)
 
 
 def _sizes(n, m, direction: int):
@@ -38,51 +37,39 @@ def _partials_numel(n, m, direction: int):
     return 3 * (d1 * n * ((m + _TILE - 1) // _TILE) + d2 * m * ((n + _TILE - 1) // _TILE))
 
 
-def _kernel_input(sim: Tensor) -> Tensor:
-    """CPU kernels read float32/float64 (half is upcast); CUDA kernels every float dtype."""
-    if sim.dtype in _CPU_DTYPES or sim.device.type != "cpu":
-        return sim
-    return sim.float()
-
-
 def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
              reduction: int, with_grad: bool = True):
-    s = _kernel_input(sim)
-    r = relevance if relevance.dtype == s.dtype else relevance.to(s.dtype)
+    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
     acc = acc_dtype(s.dtype)
+    cuda = cuda_kernels(s)
+    # CPU kernels read relevance in sim's kernel dtype (float32/float64 = the accumulation
+    # type); CUDA kernels in sim's dtype or the accumulation type, never rounded to half
+    keep = (s.dtype, acc) if cuda else (s.dtype,)
+    r = relevance if relevance.dtype in keep else relevance.to(acc)
     n, m = s.shape
     q, ws_numel = _sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
-    mp, ms0, ms1 = mask_args(mask)
-    args = (DTYPE_CODE[s.dtype], s.data_ptr(), s.stride(0), s.stride(1), r.data_ptr(), r.stride(0),
-            r.stride(1), mp, ms0, ms1, n, m, direction, reduction, int(with_grad), tau, out.data_ptr(),
+    args = (*mat(s), *mat(r), *mask_args(mask), n, m, direction, reduction, int(with_grad), tau, out.data_ptr(),
             ws.data_ptr())
-    if s.device.type == "cpu":
-        cpu_module().smooth_ndcg_forward(*args)
-    else:
+    if cuda:
         part = s.new_empty((_partials_numel(n, m, direction),), dtype=acc)
-        with torch.cuda.device(s.device):
-            cuda_module().smooth_ndcg_forward(*args, part.data_ptr(), stream_of(s))
+        call("smooth_ndcg_forward", s, DTYPE_CODE[r.dtype], *args, part.data_ptr())
+    else:
+        call("smooth_ndcg_forward", s, *args)
     return out, ws
 
 
 def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
               direction: int, reduction: int) -> Tensor:
-    s = _kernel_input(sim)
+    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
     if grad_out.dtype != ws.dtype:
         grad_out = grad_out.to(ws.dtype)
     gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
     n, m = s.shape
     grad = s.new_empty((n, m))
-    mp, ms0, ms1 = mask_args(mask)
-    args = (DTYPE_CODE[s.dtype], s.data_ptr(), s.stride(0), s.stride(1), mp, ms0, ms1, n, m, direction,
-            reduction, tau, grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
-    if s.device.type == "cpu":
-        cpu_module().smooth_ndcg_backward(*args)
-    else:
-        with torch.cuda.device(s.device):
-            cuda_module().smooth_ndcg_backward(*args, stream_of(s))
+    call("smooth_ndcg_backward", s, *mat(s), *mask_args(mask), n, m, direction, reduction, tau,
+         grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
 
 
