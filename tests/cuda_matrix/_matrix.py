@@ -1,0 +1,207 @@
+"""What every loss of the CUDA test matrix is checked for (see conftest.py).
+
+The emulator's controls (schedules, launch log) live here too. A loss case is
+``loss_fn(s, r, direction, reduction, mask)`` with impl="native" on the target
+device and the same call with impl="reference" on float64 CPU tensors. ``check_loss``
+compares values and the gradient of a weighted sum of the per-query losses (or of the
+reduced loss), under every schedule.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from fastrank import _native
+
+MODULE = os.environ.get("FASTRANK_SIMT_MODULE")
+EMULATED = bool(MODULE)
+
+# (order, seed, poison byte of shared memory): forward, reversed, shuffled. Two schedules
+# whose outputs differ expose a race or a read of memory no thread wrote. Every case runs
+# under the first two (reversing swaps every pair of threads and blocks); the cases of
+# every direction and reduction under all three.
+SCHEDULES = [(0, 0, 0xFF), (1, 0, 0x7F), (2, 12345, 0x00)]
+
+_lib = None
+if EMULATED:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simt"))
+    import build as simt_build  # noqa: E402
+
+    _module = simt_build.load(Path(MODULE))
+    _lib = ctypes.CDLL(MODULE)  # the same loaded module: its control functions
+    _native.emulate_cuda(_module)
+
+
+def configure(order: int = 0, seed: int = 0, poison: int = 0xFF, dry_run: bool = False) -> None:
+    if _lib is not None:
+        _lib.simt_configure(order, ctypes.c_ulonglong(seed), poison, int(dry_run))
+
+
+def launch_log() -> list:
+    """The emulator's record of the launches since the last clear: (kernel name, grid, block)."""
+    if _lib is None:
+        return []
+    out = []
+    buf = ctypes.create_string_buffer(4096)
+    for i in range(_lib.simt_log_size()):
+        _lib.simt_log_entry(i, buf, len(buf))
+        name, grid, block, _ = buf.value.decode().split(" ")
+        out.append((name, tuple(int(x) for x in grid[5:].split(",")), tuple(int(x) for x in block[6:].split(","))))
+    return out
+
+
+def clear_launch_log() -> None:
+    if _lib is not None:
+        _lib.simt_log_clear()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point():
+        return t.detach().cpu().contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t.detach().cpu()
+
+
+def _flatten(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if out is None:
+        return []
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flatten(o)]
+    raise TypeError(f"a case must return tensors, got {type(out).__name__}")
+
+
+def each_schedule(fn, schedules=None):
+    """fn() under every schedule (on a GPU: twice). Asserts that all runs give bit-identical
+    tensors and returns the first run's."""
+    runs = schedules if schedules is not None else SCHEDULES[:2]
+    results = []
+    try:
+        for order, seed, poison in runs:
+            configure(order, seed, poison)
+            results.append([t.detach().clone() for t in _flatten(fn())])
+    finally:
+        configure()
+    first = results[0]
+    for k, other in enumerate(results[1:], start=1):
+        assert len(other) == len(first)
+        for i, (a, b) in enumerate(zip(first, other)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            same = torch.equal(_bits(a), _bits(b))
+            assert same, (f"output {i} differs between schedule {runs[0]} and {runs[k]} "
+                          f"(a race, or a read of memory no thread wrote): max |diff| = "
+                          f"{(a.double() - b.double()).abs().nan_to_num(float('inf')).max().item()}")
+    return first
+
+
+
+DIRECTIONS = ("i2t", "t2i", "both")
+REDUCTIONS = ("none", "mean", "sum")
+TOL = {torch.float64: dict(rtol=1e-9, atol=1e-11), torch.float32: dict(rtol=3e-5, atol=3e-6)}
+
+
+def case(n: int, m: int, seed: int, ties: bool = False, scale: float = 1.0, levels: int = 0):
+    """sim (n, m) float64 and relevance in [0, 1] (graded; `levels` > 0: that many values)."""
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.randn(n, m, generator=g, dtype=torch.float64) * scale
+    rel = torch.rand(n, m, generator=g, dtype=torch.float64)
+    if ties:
+        sim = (sim * 2).round() / 2
+    if levels:
+        rel = (rel * (levels - 1)).round() / (levels - 1)
+    return sim, rel
+
+
+def layout(x: torch.Tensor, how: str, device) -> torch.Tensor:
+    """x (n, m) on device with the same values in another memory layout."""
+    if how == "contiguous":
+        return x.to(device).contiguous()
+    if how == "transposed":  # a (n, m) view of an (m, n) contiguous tensor
+        return x.t().contiguous().to(device).t()
+    if how == "strided":  # every other column of a wider tensor
+        wide = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype).to(device)
+        wide[:, ::2] = x.to(device)
+        return wide[:, ::2]
+    raise ValueError(how)
+
+
+def n_queries(n: int, m: int, direction: str) -> int:
+    return n * (direction != "t2i") + m * (direction != "i2t")
+
+
+def weights(n: int, m: int, direction: str, reduction: str, seed: int = 0) -> torch.Tensor:
+    k = n_queries(n, m, direction) if reduction == "none" else 1
+    w = torch.rand(k, generator=torch.Generator().manual_seed(seed + 7), dtype=torch.float64) + 0.5
+    return w if reduction == "none" else w[0]
+
+
+def run_case(loss_fn: Callable, sim, rel, direction, reduction, mask=None, *, dtype, device,
+             grad_layout: str = "contiguous", schedules=None):
+    """(loss, d(w . loss)/d sim) of loss_fn on the device, with sim cast to dtype. The
+    upstream gradient w reaches the backward contiguous, expanded (stride 0) or strided."""
+    n, m = sim.shape
+    w = weights(n, m, direction, reduction).to(device)
+
+    r = rel.to(device)
+    mk = None if mask is None else mask.to(device)
+
+    def once():
+        same = sim.dtype == dtype and sim.device == device  # keep the caller's memory layout
+        s = (sim.detach() if same else sim.detach().to(device=device, dtype=dtype)).requires_grad_(True)
+        loss = loss_fn(s, r, direction, reduction, mk)
+        if grad_layout == "expanded":  # d sum(loss) / d loss: ones with stride 0
+            upstream = torch.ones((), dtype=loss.dtype, device=device).expand(loss.shape)
+        elif grad_layout == "strided" and loss.dim() == 1:
+            wide = torch.zeros(2 * loss.shape[0], dtype=loss.dtype, device=device)
+            wide[::2] = w.to(loss.dtype)
+            upstream = wide[::2]
+        else:
+            upstream = w.to(loss.dtype).expand(loss.shape).contiguous() if loss.dim() else w.to(loss.dtype)
+        (grad,) = torch.autograd.grad(loss, s, grad_outputs=upstream)
+        return loss.detach(), grad
+
+    return each_schedule(once, schedules)
+
+
+def reference_case(ref_fn: Callable, sim, rel, direction, reduction, mask=None, *, grad_layout="contiguous"):
+    n, m = sim.shape
+    w = weights(n, m, direction, reduction)
+    s = sim.detach().double().cpu().requires_grad_(True)
+    loss = ref_fn(s, rel.double().cpu(), direction, reduction, None if mask is None else mask.cpu())
+    if grad_layout == "expanded":
+        upstream = torch.ones_like(loss)
+    else:
+        upstream = w.expand(loss.shape) if loss.dim() else w
+    (grad,) = torch.autograd.grad(loss, s, grad_outputs=upstream)
+    return loss.detach(), grad
+
+
+def check_loss(loss_fn, ref_fn, sim, rel, direction, reduction, mask=None, *, dtype, device,
+               grad_layout="contiguous", tol: Optional[dict] = None, schedules=None):
+    got = run_case(loss_fn, sim, rel, direction, reduction, mask, dtype=dtype, device=device,
+                   grad_layout=grad_layout, schedules=schedules)
+    want = reference_case(ref_fn, sim.to(dtype), rel, direction, reduction, mask, grad_layout=grad_layout)
+    tol = tol or TOL[dtype]
+    torch.testing.assert_close(got[0].double().cpu(), want[0], **tol)
+    torch.testing.assert_close(got[1].double().cpu(), want[1], **tol)
+    assert got[1].dtype == dtype and got[1].shape == sim.shape
+    return got
+
+
+def low_precision_errors(loss_fn, ref_fn, sim, rel, dtype, device):
+    """(kernel error, error of the reference run in dtype), both against the float64
+    reference on the same rounded input: SPEC's rule is kernel <= 2 x reference."""
+    rounded = sim.to(dtype).double()
+    want = reference_case(ref_fn, rounded, rel, "both", "none")
+    got = run_case(loss_fn, rounded, rel, "both", "none", dtype=dtype, device=device)
+    s = rounded.to(dtype).requires_grad_(True)
+    lp = ref_fn(s, rel.to(dtype), "both", "none", None)
+    (g,) = torch.autograd.grad(lp, s, grad_outputs=weights(*sim.shape, "both", "none").to(lp.dtype))
+    kern = max((got[0].double().cpu() - want[0]).abs().max().item(), (got[1].double().cpu() - want[1]).abs().max().item())
+    ref = max((lp.detach().double() - want[0]).abs().max().item(), (g.double() - want[1]).abs().max().item())
+    return kern, ref

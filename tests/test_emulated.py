@@ -1,0 +1,213 @@
+"""The CUDA kernels checked on the CPU by the SIMT emulator (tests/simt, README there).
+
+- ``test_cuda_matrix``: builds csrc/cuda/*.cu against the emulator (cached by a hash of the
+  sources in build/simt) and runs the CUDA test matrix (tests/cuda_matrix) in child
+  processes with the AddressSanitizer runtime preloaded;
+- the emulator's own checks, each shown firing on a deliberately broken kernel
+  (tests/simt/selftest_kernels.cu), and its lane semantics on correct ones;
+- ``test_seeded_mutations_are_caught``: four small bugs planted in a copy of the kernels,
+  each of which the emulated matrix must fail.
+
+``pytest -m emulated`` runs this file alone; after editing a .cu file it rebuilds only that file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import fastrank
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "simt"))
+import build as simt  # noqa: E402
+
+pytestmark = pytest.mark.emulated
+
+MATRIX = HERE / "cuda_matrix"
+# the matrix in two child processes that run side by side (about equal halves)
+MATRIX_GROUPS = [["test_kendall.py", "test_fast_rerank.py"], ["test_smooth_ndcg.py", "test_kendall_sw.py"]]
+
+
+def _built(fn):
+    try:
+        return fn()
+    except simt.Unavailable as e:
+        pytest.skip(f"emulated build unavailable here: {e}")
+
+
+@pytest.fixture(scope="module")
+def emulated_module() -> Path:
+    return _built(simt.build)
+
+
+@pytest.fixture(scope="module")
+def selftest_library() -> Path:
+    return _built(simt.build_selftest)
+
+
+def _child_env(module: Path) -> dict:
+    env = simt.sanitizer_env()
+    env["FASTRANK_SIMT_MODULE"] = str(module)
+    # the children import the fastrank this process imported (installed or source tree)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(fastrank.__file__).resolve().parent.parent)] +
+                                        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def _run_matrix(module: Path, files, extra=()) -> subprocess.CompletedProcess:
+    # --capture=sys: a sanitizer's report, written to file descriptor 2 as the child dies, reaches us
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", *extra, *files]
+    return subprocess.run(cmd, cwd=MATRIX, env=_child_env(module), capture_output=True, text=True, timeout=900)
+
+
+def test_cuda_matrix(emulated_module):
+    with ThreadPoolExecutor(len(MATRIX_GROUPS)) as pool:
+        results = list(pool.map(lambda g: _run_matrix(emulated_module, g), MATRIX_GROUPS))
+    for group, res in zip(MATRIX_GROUPS, results):
+        assert res.returncode == 0, f"emulated CUDA matrix failed ({', '.join(group)}):\n" \
+                                    f"{res.stdout[-12000:]}\n{res.stderr[-6000:]}"
+        assert " passed" in res.stdout and " skipped" not in res.stdout.split("\n")[-2], res.stdout[-2000:]
+
+
+# ---- the emulator's own checks ------------------------------------------------------------------
+RUN_CASE = """
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.simt_selftest_error.restype = ctypes.c_char_p
+lib.simt_configure(int(sys.argv[3]), ctypes.c_ulonglong(int(sys.argv[4])), int(sys.argv[5]), 0)
+out = (ctypes.c_float * 512)(*([0.0] * 512))
+code = lib.simt_selftest_run(sys.argv[2].encode(), out, 100)
+msg = lib.simt_selftest_error(code).decode() if code > 0 else ""
+print(json.dumps({"code": code, "message": msg, "out": [float(x) for x in out]}))
+"""
+
+
+def run_case(lib: Path, name: str, order: int = 0, seed: int = 0, poison: int = 0xFF):
+    """(exit code, the case's JSON result or None, stderr) of one case in a child process."""
+    res = subprocess.run([sys.executable, "-c", RUN_CASE, str(lib), name, str(order), str(seed), str(poison)],
+                         env=simt.sanitizer_env(), capture_output=True, text=True, timeout=120)
+    result = json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else None
+    return res.returncode, result, res.stderr
+
+
+@pytest.mark.parametrize("name,code,words", [
+    ("early_return_before_barrier", 719, ["divergent __syncthreads()", "thread (5,0,0) returned"]),
+    ("different_barriers", 719, ["divergent __syncthreads()", "selftest_kernels.cu"]),
+    ("block_over_launch_bounds", 701, ["256 threads a block", "__launch_bounds__(128)"]),
+    ("block_over_1024", 9, ["more than 1024 threads"]),
+    ("grid_y_over_65535", 9, ["(1, 65536, 1)", "at most 65535"]),
+    ("grid_z_over_65535", 9, ["(1, 1, 65536)", "at most 65535"]),
+    ("static_shared_over_48k", 9, ["53248 bytes of static shared memory"]),
+    ("shuffle_after_return", 719, ["warp collective", "lane 3", "returned"]),
+    ("shuffle_mask_without_own_lane", 719, ["does not include its own lane 16"]),
+])
+def test_emulator_refuses_what_a_gpu_refuses(selftest_library, name, code, words):
+    rc, result, err = run_case(selftest_library, name)
+    assert rc == 0, err
+    assert result["code"] == code, result
+    for w in words:
+        assert w in result["message"], result["message"]
+
+
+def test_largest_legal_grid_runs(selftest_library):
+    rc, result, err = run_case(selftest_library, "grid_y_65535")
+    assert rc == 0 and result["code"] == 0 and result["out"][0] == 1.0, (result, err)
+
+
+@pytest.mark.parametrize("name", ["unwritten_shared", "missing_barrier"])
+def test_schedules_expose_unwritten_reads_and_races(selftest_library, name):
+    outs = []
+    for order, poison in [(0, 0xFF), (1, 0x7F)]:
+        rc, result, err = run_case(selftest_library, name, order=order, poison=poison)
+        assert rc == 0 and result["code"] == 0, (result, err)
+        outs.append(result["out"][:128])
+    assert json.dumps(outs[0]) != json.dumps(outs[1])  # NaN-safe comparison
+
+
+@pytest.mark.parametrize("name", ["neighbour_sum", "shuffles", "split_warp"])
+def test_correct_kernels_agree_under_every_schedule(selftest_library, name):
+    outs = []
+    for order, seed, poison in [(0, 0, 0xFF), (1, 0, 0x7F), (2, 7, 0x00)]:
+        rc, result, err = run_case(selftest_library, name, order, seed, poison)
+        assert rc == 0 and result["code"] == 0, (result, err)
+        outs.append(result["out"])
+    assert outs[0] == outs[1] == outs[2]
+
+
+@pytest.mark.parametrize("name,report", [
+    ("global_overflow", "AddressSanitizer: heap-buffer-overflow"),
+    ("shared_index_overflow", "runtime error: index 128 out of bounds for type 'float [128]'"),
+    ("shared_pointer_overflow", "runtime error: store to address"),
+])
+def test_sanitizers_report_out_of_bounds(selftest_library, name, report):
+    rc, result, err = run_case(selftest_library, name)
+    assert rc != 0 and result is None and report in err, err[-3000:]
+
+
+def test_shuffle_semantics(selftest_library):
+    rc, result, err = run_case(selftest_library, "shuffles")
+    assert rc == 0 and result["code"] == 0, (result, err)
+    out = result["out"]
+    for t in range(64):
+        lane, seg = t % 32, (t % 32) // 8 * 8
+        up = lane - 2 if lane - seg >= 2 else lane
+        down = lane + 2 if lane - seg + 2 < 8 else lane
+        xor9 = lane ^ 9 if (lane ^ 9) // 8 * 8 <= seg else lane  # a later segment: own value
+        warp0 = t // 32 * 32
+        ballot = sum(1 << k for k in range(32) if (warp0 + k) % 3 == 0)
+        want = [warp0 + seg + 3, warp0 + up, warp0 + down, warp0 + xor9, warp0 + (lane ^ 1), float(ballot),
+                float(sum(1 for k in range(64) if k % 5 == 0)), float(sum(range(warp0, warp0 + 32)))]
+        assert out[8 * t:8 * t + 8] == pytest.approx(want), (t, out[8 * t:8 * t + 8], want)
+
+
+# ---- seeded mutations -------------------------------------------------------------------------
+MUTATIONS = {
+    # a removed barrier: the forward's candidates are read before every thread staged them
+    "removed barrier": ("cuda/smooth_ndcg.cu",
+                        "      });\n      __syncthreads();\n      const int len = nc - c0 < kChunk ? "
+                        "static_cast<int>(nc - c0) : kChunk;\n      for (int cc = 0; cc < len; ++cc) {\n"
+                        "        const int64_t c = c0 + cc;",
+                        "      });\n      const int len = nc - c0 < kChunk ? "
+                        "static_cast<int>(nc - c0) : kChunk;\n      for (int cc = 0; cc < len; ++cc) {\n"
+                        "        const int64_t c = c0 + cc;",
+                        "test_smooth_ndcg.py", "values_and_gradients"),
+    # an off-by-one bound: one candidate past the staged chunk
+    "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",
+                         "test_kendall.py", "values_and_gradients"),
+    # a wrong shuffle offset: the warp's row sums stop at half warps
+    "wrong shuffle offset": ("cuda/fast_rerank.cu",
+                             "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
+                             "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
+                             "test_fast_rerank.py", "values_and_gradients"),
+    # a wrong stride: the backward stages sim through swapped strides
+    "wrong stride": ("cuda/smooth_ndcg.cu",
+                     "sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);\n        sh_a",
+                     "sh_s[slot][cc] = ok ? load(sim[ii * ss1 + jj * ss0]) : A(0);\n        sh_a",
+                     "test_smooth_ndcg.py", "values_and_gradients"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_seeded_mutations_are_caught(tmp_path, mutation):
+    path, old, new, test_file, selection = MUTATIONS[mutation]
+    source = HERE.parent / "csrc"
+    if not source.is_dir():
+        pytest.skip("needs the checkout's csrc/ (tests run from an sdist or wheel without it)")
+    text = (source / path).read_text()
+    assert text.count(old) == 1, f"the mutation's target moved: update MUTATIONS[{mutation!r}]"
+    copy = tmp_path / "csrc"
+    shutil.copytree(source, copy)
+    (copy / path).write_text(text.replace(old, new))
+    module = _built(lambda: simt.build(csrc=copy))
+    res = _run_matrix(module, [test_file], extra=["-x", "-k", selection])
+    assert res.returncode != 0, f"the emulated matrix did not catch the {mutation}:\n{res.stdout[-3000:]}"
+    assert "failed" in res.stdout or "ERROR: AddressSanitizer" in res.stderr or "runtime error:" in res.stderr, \
+        res.stdout[-3000:] + res.stderr[-3000:]
