@@ -9,6 +9,7 @@ from ._native import backends
 # native ops (fused C++/CUDA kernels, pure-PyTorch reference via impl="reference")
 from .ops.smooth_ndcg import smooth_ndcg_loss
 from .ops.smooth_ap import smooth_ap_loss
+from .ops.recall_at_k import recall_at_k_loss
 from .ops.kendall import kendall_loss
 from .ops.kendall_sw import kendall_sw_loss
 from .ops.fast_rerank import fast_rerank
@@ -37,7 +38,7 @@ def __getattr__(name):
 
 __all__ = [
     "__version__", "backends", "nn",
-    "smooth_ndcg_loss", "smooth_ap_loss", "kendall_loss", "kendall_sw_loss",
+    "smooth_ndcg_loss", "smooth_ap_loss", "recall_at_k_loss", "kendall_loss", "kendall_sw_loss",
     "fast_rerank", "fast_rerank_topk",
     "triplet_loss", "ladder_loss", "topk_loss", "variance_weighted_loss", "orthogonal_loss",
 ]

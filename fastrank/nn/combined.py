@@ -22,6 +22,7 @@ LOSS_NAMES = {
     "triplet": "TripletLoss",
     "smooth_ndcg": "SmoothNDCGLoss",
     "smooth_ap": "SmoothAPLoss",
+    "recall_at_k": "RecallAtKLoss",
     "kendall": "KendallLoss",
     "kendall_sw": "KendallSWLoss",
     "ladder": "LadderLoss",
@@ -63,7 +64,7 @@ class CombinedLoss(torch.nn.Module):
     Args:
         spec: either a string ``"name:weight,name:weight"`` (``":weight"`` may be omitted,
             meaning 1.0) with names among ``triplet``, ``smooth_ndcg``, ``smooth_ap``,
-            ``kendall``, ``kendall_sw``, ``ladder``, ``topk``; or a list of
+            ``recall_at_k``, ``kendall``, ``kendall_sw``, ``ladder``, ``topk``; or a list of
             ``(module, weight)`` pairs (terms named by their spec name when the module is a
             fastrank class, else by the lower-cased class name; repeated names get a suffix
             ``_2``, ``_3``, ...).
