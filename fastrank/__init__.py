@@ -23,12 +23,12 @@ from .losses.dvse import variance_weighted_loss, orthogonal_loss
 
 from . import nn  # noqa: E402  (module forms)
 
-_LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed", "compat")
+_LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed", "compat", "memory")
 
 
 def __getattr__(name):
-    """fastrank.metrics, .relevance, .models, .data, .train, .distributed, .compat are
-    imported on first use, so `import fastrank` stays fast (sentence-transformers is heavy)."""
+    """fastrank.metrics, .relevance, .models, .data, .train, .distributed, .compat, .memory
+    are imported on first use, so `import fastrank` stays fast (sentence-transformers is heavy)."""
     if name in _LAZY_SUBMODULES:
         import importlib
 
