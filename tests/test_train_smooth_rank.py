@@ -55,11 +55,10 @@ def test_step_loss_is_combined_loss_with_batch_positives(tmp_path):
 
 
 def test_cli_loss_flag(tmp_path, capsys):
-    rc = cli_main(["train", "--data", "demo", "--loss", "smooth_ap:1.0", "--relevance", "none",
-                   "--epochs", "1", "--out", str(tmp_path), "--set", "train.batch_size=16", "--set", "model.embed_dim=16",
-                   "--set", "data.demo_n_train=48", "--set", "data.demo_n_test=20", "--set", "model.text_kw.word_dim=8",
-                   "--set", "train.max_steps_per_epoch=2", "--set", "train.progress=false",
-                   "--set", "eval.graded=false"])
+    sets = ["train.batch_size=16", "model.embed_dim=16", "data.demo_n_train=48", "data.demo_n_test=20",
+            "model.text_kw.word_dim=8", "train.max_steps_per_epoch=2", "train.progress=false", "eval.graded=false"]
+    rc = cli_main(["train", "--data", "demo", "--loss", "smooth_ap:1.0", "--relevance", "none", "--epochs", "1",
+                   "--out", str(tmp_path)] + [a for s in sets for a in ("--set", s)])
     assert rc == 0
     assert "smooth_ap" in capsys.readouterr().out
     assert (tmp_path / "best.pt").is_file()
