@@ -8,6 +8,8 @@ from ._native import backends
 
 # native ops (fused C++/CUDA kernels, pure-PyTorch reference via impl="reference")
 from .ops.smooth_ndcg import smooth_ndcg_loss
+from .ops.smooth_ap import smooth_ap_loss
+from .ops.recall_at_k import recall_at_k_loss
 from .ops.kendall import kendall_loss
 from .ops.kendall_sw import kendall_sw_loss
 from .ops.fast_rerank import fast_rerank
@@ -21,12 +23,12 @@ from .losses.dvse import variance_weighted_loss, orthogonal_loss
 
 from . import nn  # noqa: E402  (module forms)
 
-_LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed", "compat")
+_LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed", "compat", "memory")
 
 
 def __getattr__(name):
-    """fastrank.metrics, .relevance, .models, .data, .train, .distributed, .compat are
-    imported on first use, so `import fastrank` stays fast (sentence-transformers is heavy)."""
+    """fastrank.metrics, .relevance, .models, .data, .train, .distributed, .compat, .memory
+    are imported on first use, so `import fastrank` stays fast (sentence-transformers is heavy)."""
     if name in _LAZY_SUBMODULES:
         import importlib
 
@@ -36,6 +38,7 @@ def __getattr__(name):
 
 __all__ = [
     "__version__", "backends", "nn",
-    "smooth_ndcg_loss", "kendall_loss", "kendall_sw_loss", "fast_rerank", "fast_rerank_topk",
+    "smooth_ndcg_loss", "smooth_ap_loss", "recall_at_k_loss", "kendall_loss", "kendall_sw_loss",
+    "fast_rerank", "fast_rerank_topk",
     "triplet_loss", "ladder_loss", "topk_loss", "variance_weighted_loss", "orthogonal_loss",
 ]

@@ -39,3 +39,13 @@ def per_direction(direction: str, reduction: str,
     """Apply fn(*oriented tensors) -> per-query losses for each direction, then reduce."""
     parts = [fn(*(orient(t, d) for t in tensors)) for d in directions(direction)]
     return reduce(parts, reduction)
+
+
+def reduce_counted(per_query: List[torch.Tensor], counted: List[torch.Tensor], reduction: str) -> torch.Tensor:
+    """``reduce`` where "mean" averages each direction over the queries that count only
+    (``counted``: one bool vector per direction, e.g. the queries with at least one
+    positive in their list, SPEC.md 2.8), 0 when none does; the others still appear in
+    "none" (with their loss, 0) and add their loss (0) to "sum"."""
+    if reduction != "mean":
+        return reduce(per_query, reduction)
+    return sum(q.sum() / c.sum().clamp(min=1) for q, c in zip(per_query, counted))

@@ -75,6 +75,14 @@ def cases():
                                        lambda i, t: fastrank.smooth_ndcg_loss(i @ t.t(), rel, tau=0.1,
                                                                               direction="i2t"),
                                        img, txt, "pair", None),
+        # every query has a positive here, so "mean" over the queries with one is over all
+        "smooth_ap_mean_2caps": (LocalLoss(fastrank.smooth_ap_loss, tau=0.1),
+                                 lambda i, t: fastrank.smooth_ap_loss(i @ t.t(), pos2, tau=0.1),
+                                 img, cap, None, pos2),
+        "recall_at_k_module": (LocalLoss(fnn.RecallAtKLoss(ks=(1, 2, 4), tau=0.1, tau_k=(1.0, 2.0, 4.0))),
+                               lambda i, t: fastrank.recall_at_k_loss(i @ t.t(), ks=(1, 2, 4), tau=0.1,
+                                                                      tau_k=(1.0, 2.0, 4.0)),
+                               img, txt, None, None),
     }
 
 

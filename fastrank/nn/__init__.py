@@ -2,6 +2,8 @@
 calls the functional form (``fastrank.<name>``) in ``forward``. Each class is defined
 next to its functional form; this package gathers them."""
 from ..ops.smooth_ndcg import SmoothNDCGLoss
+from ..ops.smooth_ap import SmoothAPLoss
+from ..ops.recall_at_k import RecallAtKLoss
 from ..ops.kendall import KendallLoss
 from ..ops.kendall_sw import KendallSWLoss
 from ..ops.fast_rerank import FastRerank
@@ -12,6 +14,6 @@ from ..losses.dvse import VarianceWeightedLoss, OrthogonalLoss
 from .combined import CombinedLoss
 
 __all__ = [
-    "SmoothNDCGLoss", "KendallLoss", "KendallSWLoss", "FastRerank", "TripletLoss", "LadderLoss",
-    "TopKLoss", "VarianceWeightedLoss", "OrthogonalLoss", "CombinedLoss",
+    "SmoothNDCGLoss", "SmoothAPLoss", "RecallAtKLoss", "KendallLoss", "KendallSWLoss", "FastRerank",
+    "TripletLoss", "LadderLoss", "TopKLoss", "VarianceWeightedLoss", "OrthogonalLoss", "CombinedLoss",
 ]

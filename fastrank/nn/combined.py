@@ -21,6 +21,8 @@ from .. import _validation as V
 LOSS_NAMES = {
     "triplet": "TripletLoss",
     "smooth_ndcg": "SmoothNDCGLoss",
+    "smooth_ap": "SmoothAPLoss",
+    "recall_at_k": "RecallAtKLoss",
     "kendall": "KendallLoss",
     "kendall_sw": "KendallSWLoss",
     "ladder": "LadderLoss",
@@ -61,10 +63,11 @@ class CombinedLoss(torch.nn.Module):
 
     Args:
         spec: either a string ``"name:weight,name:weight"`` (``":weight"`` may be omitted,
-            meaning 1.0) with names among ``triplet``, ``smooth_ndcg``, ``kendall``,
-            ``kendall_sw``, ``ladder``, ``topk``; or a list of ``(module, weight)`` pairs
-            (terms named by their spec name when the module is a fastrank class, else by
-            the lower-cased class name; repeated names get a suffix ``_2``, ``_3``, ...).
+            meaning 1.0) with names among ``triplet``, ``smooth_ndcg``, ``smooth_ap``,
+            ``recall_at_k``, ``kendall``, ``kendall_sw``, ``ladder``, ``topk``; or a list of
+            ``(module, weight)`` pairs (terms named by their spec name when the module is a
+            fastrank class, else by the lower-cased class name; repeated names get a suffix
+            ``_2``, ``_3``, ...).
         options: for a string spec, ``{name: {kwarg: value}}`` passed to the constructor of
             that term's module (e.g. ``{"triplet": {"margin": 0.1, "mining": "soft"}}``).
 

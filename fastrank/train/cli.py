@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..nn.combined import LOSS_NAMES
+
 __all__ = ["add_subcommands"]
 
 # flag -> config key (None value = not given)
@@ -21,7 +23,8 @@ _SHORTCUTS = [
     ("train_split", "data.train_split", str, "training split name"),
     ("eval_split", "data.eval_split", str, "evaluation split name"),
     ("out", "train.out_dir", str, "output directory (checkpoints, metrics.jsonl)"),
-    ("loss", "loss.spec", str, "CombinedLoss spec, e.g. 'triplet:1.0,smooth_ndcg:1.0'"),
+    ("loss", "loss.spec", str, "CombinedLoss spec, e.g. 'triplet:1.0,smooth_ndcg:1.0'; names: "
+                               + ", ".join(LOSS_NAMES)),
     ("image_encoder", "model.image_encoder", str, "image encoder name (fastrank.models.IMAGE_ENCODERS)"),
     ("text_encoder", "model.text_encoder", str, "text encoder name (gru, sbert)"),
     ("embed_dim", "model.embed_dim", int, "joint embedding dimension"),

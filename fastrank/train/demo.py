@@ -9,6 +9,8 @@ Recipes (``RECIPES``; the loss is the only difference):
 - ``bcls``: Triplet-SN (LogSumExp soft negatives, gamma 50) + Kendall SW-HS (paper 001);
 - ``ladder``: ladder loss, L = 2 (paper 002: theta 0.63, margins 0.2 / 0.01, weights 1 / 0.25);
 - ``topk``: top-k triplet (paper 003, k = 5);
+- ``smooth_ap``: Smooth-AP alone (Brown et al., ECCV 2020, tau 0.01; binary relevance: the
+  captions of the query's image are its positives);
 
 and each of them evaluated after fast re-ranking (paper 004) as ``<name>+rerank``. Every recipe
 starts from one shared warm-up epoch (triplet summed over all negatives, VSE-infinity's warm-up:
@@ -61,6 +63,7 @@ RECIPES: List[Recipe] = [
     Recipe("ladder", "ladder loss, L = 2 (paper 002)", "ladder:1.0",
            {"ladder": {"thresholds": [0.63], "margins": [0.2, 0.01], "weights": [1.0, 0.25], "hard": True}}),
     Recipe("topk", "top-k triplet, k = 5 (paper 003)", "topk:1.0", {"topk": {"k": 5, "margin": 0.2}}),
+    Recipe("smooth_ap", "Smooth-AP, tau 0.01 (Brown et al., ECCV 2020)", "smooth_ap:1.0", {"smooth_ap": {"tau": 0.01}}),
 ]
 
 

@@ -1,0 +1,160 @@
+"""recall_at_k_loss: the Recall@k surrogate (SPEC.md 2.9; Patel, Tolias, Matas, CVPR 2022).
+
+Built on the same smooth rank as smooth_ndcg and smooth_ap (R_all of SPEC.md 2.8), one
+engine for the three losses. Today every ``impl`` runs the pure-PyTorch reference
+(fastrank/reference/recall_at_k.py), except ``impl="native"``, which raises. The fused
+kernel plugs in at one place, marked "native dispatch" below: :func:`_native` and
+:data:`HAS_KERNEL`.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .. import _validation as V
+from .._native import acc_dtype, has_native
+from .._reduce import directions, orient, reduce_counted
+from ..reference.recall_at_k import recall_at_k_per_query
+from ._launch import DIRECTION_CODE, REDUCTION_CODE
+
+DEFAULT_KS = (1, 2, 4, 8, 16)
+
+
+# ---------------------------------------------------------------- hyper-parameters
+def check_ks(ks) -> Tuple[int, ...]:
+    """One positive int, or a non-empty tuple/list of them (numpy and 0-d integer tensors
+    count as ints; bools and floats do not)."""
+    items = ks if isinstance(ks, (tuple, list)) else (ks,)
+    if not items:
+        raise ValueError("ks must be a positive int or a non-empty sequence of positive ints, got an empty one")
+    out = []
+    for k in items:
+        try:
+            if isinstance(k, bool) or (isinstance(k, Tensor) and k.dtype == torch.bool):
+                raise TypeError
+            v = operator.index(k)
+        except TypeError:
+            raise ValueError(f"ks must hold positive ints, got {k!r} in ks={ks!r}") from None
+        if v < 1:
+            raise ValueError(f"ks must hold positive ints (k >= 1), got {v} in ks={ks!r}")
+        out.append(int(v))
+    return tuple(out)
+
+
+def check_tau_k(tau_k, n: int) -> Tuple[float, ...]:
+    """One temperature (> 0) for every k, or a sequence of n of them."""
+    if isinstance(tau_k, (tuple, list)):
+        if len(tau_k) != n:
+            raise ValueError(f"tau_k must be one number or one per k ({n} of them), got {len(tau_k)}: {tau_k!r}")
+        return tuple(V.check_positive(t, f"tau_k[{i}]") for i, t in enumerate(tau_k))
+    return (V.check_positive(tau_k, "tau_k"),) * n
+
+
+# ---------------------------------------------------------------- native dispatch
+#: True once the fused recall_at_k kernels exist and :func:`_native` calls them; until
+#: then impl="auto" runs the reference and impl="native" raises.
+HAS_KERNEL = False
+
+
+def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: Tuple[int, ...],
+            tau: float, tau_k: Tuple[float, ...], direction: int, reduction: int) -> Tensor:
+    """The fused op: one forward and one backward for every requested direction, O(|P| * M)
+    pair work per i2t query (SPEC.md 2.9). Arguments as validated by recall_at_k_loss, with
+    the direction and reduction as kernel codes (ops/_launch.py)."""
+    raise RuntimeError("fastrank: impl='native' asked for recall_at_k_loss, but there is no recall_at_k "
+                       "kernel yet; use impl='auto' or impl='reference'")
+
+
+def _use_native(device: torch.device, impl: str) -> bool:
+    if impl == "native":
+        return True            # _native raises while there is no kernel, as impl='native' must
+    return HAS_KERNEL and has_native(device, impl, "recall_at_k_loss")
+
+
+# ---------------------------------------------------------------- reference
+def _reference(sim: Tensor, positives: Tensor, ks: Tuple[int, ...], tau: float, tau_k: Tuple[float, ...],
+               direction: str, reduction: str, mask: Optional[Tensor]) -> Tensor:
+    """The pure-PyTorch path (fastrank/reference/recall_at_k.py), same contract."""
+    s = sim.to(acc_dtype(sim.dtype))
+    parts, counted = [], []
+    for d in directions(direction):
+        pos, m = orient(positives, d), orient(mask, d)
+        parts.append(recall_at_k_per_query(orient(s, d), pos, ks, tau, tau_k, m))
+        # SPEC 2.9: "mean" is over the queries with at least one positive in their list
+        counted.append((pos if m is None else pos & m).any(dim=1))
+    return reduce_counted(parts, counted, reduction)
+
+
+# ---------------------------------------------------------------- public API
+def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
+                     ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
+                     tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
+                     reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
+    """Recall@k surrogate loss, 1 - the mean over ks of a smooth recall at k (SPEC.md 2.9;
+    Patel, Tolias, Matas, "Recall@k Surrogate Loss with Large Batches and Similarity
+    Mixup", CVPR 2022).
+
+    Per query (row i for i2t, column j for t2i) with list L and positives P in L: the
+    smooth rank r_j = 1 + sum_{k' in L, k' != j} sigma((s_k' - s_j) / tau) of each positive,
+    R@k = min(k, sum_{j in P} sigma((k - r_j) / tau_k)) / min(k, |P|) for each k,
+    loss = 1 - mean over ks of R@k.
+
+    Args:
+        sim: (N, M) scores, row i = image i, column j = caption j.
+        positives: bool (N, M) ground-truth matches; None = the diagonal (needs N == M).
+        ks: the k of each recall (a positive int, or a non-empty sequence of them).
+        tau: temperature of the sigmoid that smooths the rank (> 0).
+        tau_k: temperature of the sigmoid that smooths 1{r_j <= k} (> 0): one number, or
+            one per k.
+        direction: "i2t" (rank each row), "t2i" (each column) or "both" (their sum).
+        reduction: "mean" (over the queries of each direction that have at least one
+            positive in their list, directions summed; 0 if none has), "sum", or "none"
+            (per-query losses, the N i2t queries first then the M t2i).
+        impl: "auto", "native" or "reference" (no native kernel yet: "native" raises).
+        mask: optional bool (N, M), True = the item is in the list (SPEC.md 2.1a). A
+            masked entry is in no rank and no positive set and its gradient is exactly 0.
+
+    A query with no positive in its list has loss 0 and does not count in "mean".
+    Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
+    float32): a scalar, or (Q,) for "none".
+    """
+    V.check_sim(sim)
+    positives = V.check_positives(positives, sim)
+    V.check_mask(mask, sim)
+    ks = check_ks(ks)
+    tau = V.check_positive(tau, "tau")
+    tau_k = check_tau_k(tau_k, len(ks))
+    V.check_direction(direction)
+    V.check_reduction(reduction)
+    impl = V.check_impl(impl)
+    if _use_native(sim.device, impl):
+        return _native(sim, positives, mask, ks, tau, tau_k, DIRECTION_CODE[direction],
+                       REDUCTION_CODE[reduction])
+    return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)
+
+
+class RecallAtKLoss(torch.nn.Module):
+    """Module form of :func:`fastrank.recall_at_k_loss`:
+    ``loss = RecallAtKLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
+
+    def __init__(self, ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
+                 tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
+                 reduction: str = "mean", impl: str = "auto"):
+        super().__init__()
+        self.ks = check_ks(ks)
+        self.tau = V.check_positive(tau, "tau")
+        self.tau_k = check_tau_k(tau_k, len(self.ks))
+        self.direction = V.check_direction(direction)
+        self.reduction = V.check_reduction(reduction)
+        self.impl = impl if impl == "auto" else V.check_impl(impl)
+
+    def forward(self, sim: Tensor, positives: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
+        return recall_at_k_loss(sim, positives, self.ks, self.tau, self.tau_k, self.direction, self.reduction,
+                                self.impl, mask)
+
+    def extra_repr(self) -> str:
+        return (f"ks={self.ks}, tau={self.tau}, tau_k={self.tau_k}, direction={self.direction!r}, "
+                f"reduction={self.reduction!r}")

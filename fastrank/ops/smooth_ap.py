@@ -1,0 +1,115 @@
+"""smooth_ap_loss: Smooth-AP (SPEC.md 2.8; Brown et al., ECCV 2020), binary relevance.
+
+Smooth-AP is built on the smooth rank of smooth-NDCG (SPEC.md 2.1): per query, each
+positive's rank among the whole list, R_all, and among the positives, R_pos. One engine
+serves the three smooth-rank losses (smooth_ndcg, smooth_ap, recall_at_k).
+
+Today every ``impl`` runs the pure-PyTorch reference (fastrank/reference/smooth_ap.py),
+except ``impl="native"``, which raises. The fused kernel plugs in at one place, marked
+"native dispatch" below: :func:`_native` and :data:`HAS_KERNEL`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _validation as V
+from .._native import acc_dtype, has_native
+from .._reduce import directions, orient, reduce_counted
+from ..reference.smooth_ap import smooth_ap_per_query
+from ._launch import DIRECTION_CODE, REDUCTION_CODE
+
+
+# ---------------------------------------------------------------- native dispatch
+#: True once the fused smooth_ap kernels exist and :func:`_native` calls them; until then
+#: impl="auto" runs the reference and impl="native" raises.
+HAS_KERNEL = False
+
+
+def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
+            reduction: int) -> Tensor:
+    """The fused op: one forward and one backward for every requested direction, O(|P| * M)
+    pair work per i2t query (SPEC.md 2.8). Arguments as validated by smooth_ap_loss, with
+    the direction and reduction as kernel codes (ops/_launch.py)."""
+    raise RuntimeError("fastrank: impl='native' asked for smooth_ap_loss, but there is no smooth_ap "
+                       "kernel yet; use impl='auto' or impl='reference'")
+
+
+def _use_native(device: torch.device, impl: str) -> bool:
+    if impl == "native":
+        return True            # _native raises while there is no kernel, as impl='native' must
+    return HAS_KERNEL and has_native(device, impl, "smooth_ap_loss")
+
+
+# ---------------------------------------------------------------- reference
+def _reference(sim: Tensor, positives: Tensor, tau: float, direction: str, reduction: str,
+               mask: Optional[Tensor]) -> Tensor:
+    """The pure-PyTorch path (fastrank/reference/smooth_ap.py), same contract."""
+    s = sim.to(acc_dtype(sim.dtype))
+    parts, counted = [], []
+    for d in directions(direction):
+        pos, m = orient(positives, d), orient(mask, d)
+        parts.append(smooth_ap_per_query(orient(s, d), pos, tau, m))
+        # SPEC 2.8: "mean" is over the queries with at least one positive in their list
+        counted.append((pos if m is None else pos & m).any(dim=1))
+    return reduce_counted(parts, counted, reduction)
+
+
+# ---------------------------------------------------------------- public API
+def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float = 0.01, direction: str = "both",
+                   reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
+    """Smooth-AP loss, 1 - smoothed average precision per query (SPEC.md 2.8; Brown et al.,
+    "Smooth-AP", ECCV 2020).
+
+    Per query (row i for i2t, column j for t2i) with list L and positives P in L:
+    R_all(j) = 1 + sum_{k in L, k != j} sigma((s_k - s_j) / tau), R_pos(j) the same over P,
+    AP = mean over j in P of R_pos(j) / R_all(j), loss = 1 - AP.
+
+    Args:
+        sim: (N, M) scores, row i = image i, column j = caption j.
+        positives: bool (N, M) ground-truth matches; None = the diagonal (needs N == M).
+        tau: temperature of the sigmoid that smooths the rank (> 0).
+        direction: "i2t" (rank each row), "t2i" (each column) or "both" (their sum).
+        reduction: "mean" (over the queries of each direction that have at least one
+            positive in their list, directions summed; 0 if none has), "sum", or "none"
+            (per-query losses, the N i2t queries first then the M t2i).
+        impl: "auto", "native" or "reference" (no native kernel yet: "native" raises).
+        mask: optional bool (N, M), True = the item is in the list (SPEC.md 2.1a): row i's
+            i2t list is {j : mask[i, j]}, column j's t2i list is {i : mask[i, j]}. A masked
+            entry is in no rank and no positive set and its gradient is exactly 0.
+
+    A query with no positive in its list has loss 0 and does not count in "mean".
+    Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
+    float32): a scalar, or (Q,) for "none".
+    """
+    V.check_sim(sim)
+    positives = V.check_positives(positives, sim)
+    V.check_mask(mask, sim)
+    tau = V.check_positive(tau, "tau")
+    V.check_direction(direction)
+    V.check_reduction(reduction)
+    impl = V.check_impl(impl)
+    if _use_native(sim.device, impl):
+        return _native(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+    return _reference(sim, positives, tau, direction, reduction, mask)
+
+
+class SmoothAPLoss(torch.nn.Module):
+    """Module form of :func:`fastrank.smooth_ap_loss`:
+    ``loss = SmoothAPLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
+
+    def __init__(self, tau: float = 0.01, direction: str = "both", reduction: str = "mean",
+                 impl: str = "auto"):
+        super().__init__()
+        self.tau = V.check_positive(tau, "tau")
+        self.direction = V.check_direction(direction)
+        self.reduction = V.check_reduction(reduction)
+        self.impl = impl if impl == "auto" else V.check_impl(impl)
+
+    def forward(self, sim: Tensor, positives: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
+        return smooth_ap_loss(sim, positives, self.tau, self.direction, self.reduction, self.impl, mask)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"
