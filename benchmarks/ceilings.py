@@ -1,6 +1,6 @@
-"""The two floors of an op: the time it cannot beat on this device.
+"""What the device can do at best (its ceilings), and an op's floor from them.
 
-Measured once per run (``measure_ceilings``):
+Measured at the start of a sweep and by the ``floors`` case (``measure_ceilings``):
 
 - ``copy_bytes_per_s``: device-to-device copy of a large buffer, counting the bytes read
   AND written (what a streaming kernel can move);
@@ -15,10 +15,15 @@ Measured once per run (``measure_ceilings``):
   one Kendall-like pair: ``cmp_select_add_per_s_1core`` (the faster of torch
   ``maximum`` + ``add_`` and numpy ``greater`` + ``multiply`` + ``add``, library
   element-wise kernels over float32 vectors of 2^16 elements (L2-resident), one thread)
-  times ``threads``;
+  times ``threads``; and, where a C++ compiler is found, ``cmp_select_add_loop_per_s_1core``:
+  a tight C++ loop doing exactly that (``acc += r_j > r[k] ? s[k] : 0``, whole vectors,
+  four accumulators, data in L1) built with the CPU module's flags: the tighter bound,
+  kept beside the library rate: a record whose work floor is pair work also gets
+  ``loop_s`` and ``measured_over_loop_floor`` from it (the CPU sweep and the floors case
+  measure it);
 - ``matmul_flops_per_s``: torch.mm of float32 matrices (TF32 off).
 
-An op's bench file gives its work as counts (``floor_counts``): bytes that must move
+An op (ops.py) gives its work as counts (``Op.floor``): bytes that must move
 (inputs read once, outputs written once), exponentials, other fp32 instructions,
 matmul flops. Then
 
@@ -35,19 +40,21 @@ fused kernel with a cheaper polynomial exp, or one that keeps its values in regi
 between the compare, the select and the add, or data that stay in cache (the copy
 bandwidth is measured on buffers larger than the caches), can run below this "floor";
 measured / floor < 1 says exactly that. The CPU rates are measured on one core and
-scaled by the thread count, so a run with ``--threads 1`` (the per-call case) gets a
-one-core floor. On the GPU the exp rate is the special-function unit's, a hardware
+scaled by the thread count, so a run with ``--threads 1`` gets a one-core floor. On the GPU the exp rate is the special-function unit's, a hardware
 bound.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import tempfile
 import time
 from typing import Callable, Optional
 
 import torch
 
-from .harness import time_call
+from .timing import time_call
 
 
 def _best_time(call: Callable[[], None], device: torch.device, repeats: int = 5) -> float:
@@ -190,7 +197,68 @@ def _cpu_cmp_select_add_rate_1core(quick: bool) -> tuple:
     return n / best, which
 
 
-def measure_ceilings(device: torch.device, quick: bool = False) -> dict:
+_CMP_SELECT_ADD_LOOP = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <random>
+#include <vector>
+static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char** argv) {
+  const long np = 512, Q = np / 4, rows = argc > 1 ? std::atol(argv[1]) : 2048;
+  std::mt19937 g(0);
+  std::uniform_real_distribution<float> u;
+  std::vector<float> s(np), ra(np);
+  for (long i = 0; i < np; ++i) { s[i] = u(g) - 0.5f; ra[i] = u(g) + 0.1f; }
+  double best = 1e9;
+  float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now();
+    for (long q = 0; q < rows; ++q) {
+      for (long j = 0; j < np; ++j) {
+        const float rj = ra[j] - 0.1f + q * 1e-7f;
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        const float* __restrict sp = s.data();
+        const float* __restrict rp = ra.data();
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+        for (long k = 0; k < Q; ++k) {
+          a0 += rj > rp[k] ? sp[k] : 0.0f;
+          a1 += rj > rp[k + Q] ? sp[k + Q] : 0.0f;
+          a2 += rj > rp[k + 2 * Q] ? sp[k + 2 * Q] : 0.0f;
+          a3 += rj > rp[k + 3 * Q] ? sp[k + 3 * Q] : 0.0f;
+        }
+        sink += a0 + a1 + a2 + a3;
+      }
+    }
+    const double t = now() - t0;
+    best = t < best ? t : best;
+  }
+  std::printf("%.6e %g\n", double(rows) * np * np / best, sink);
+}
+"""
+
+# the CPU module's flags (CMakeLists.txt), so the loop vectorises as the kernels do
+CPU_FLAGS = ["-O3", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
+              "-march=native", "-fopenmp", "-std=gnu++17"]
+
+
+def cpp_cmp_select_add_rate_1core(quick: bool = False) -> float:
+    """Pairs per second of a tight C++ compare + select + add loop on one core (thread
+    CPU time, best of 5 rounds); raises OSError / CalledProcessError without a compiler."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise OSError("no C++ compiler (c++, g++ or $CXX)")
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = os.path.join(d, "loop.cpp"), os.path.join(d, "loop")
+        with open(src, "w") as f:
+            f.write(_CMP_SELECT_ADD_LOOP)
+        subprocess.run([cxx, *CPU_FLAGS, src, "-o", exe], check=True, capture_output=True, timeout=120)
+        out = subprocess.run([exe, "256" if quick else "2048"], check=True, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120).stdout
+    return float(out.split()[0])
+
+
+def measure_ceilings(device: torch.device, quick: bool = False, cpp_loop: bool = False) -> dict:
     """The device's measured rates (see module docstring); a few seconds at most
     (quick: smaller buffers, a rough estimate in well under a second)."""
     device = torch.device(device)
@@ -223,6 +291,14 @@ def measure_ceilings(device: torch.device, quick: bool = False) -> dict:
         ceil["cmp_select_add_per_s_1core"], which = _cpu_cmp_select_add_rate_1core(quick)
         ceil["methods"]["cmp_select_add_per_s_1core"] = (f"{which} (the faster of torch and numpy), "
                                                          "float32, 2^16 elements, one thread")
+        if cpp_loop:
+            try:
+                ceil["cmp_select_add_loop_per_s_1core"] = cpp_cmp_select_add_rate_1core(quick)
+                ceil["methods"]["cmp_select_add_loop_per_s_1core"] = (
+                    "C++ loop acc += r_j > r[k] ? s[k] : 0 (CPU module flags, 4 accumulators, L1), "
+                    "one thread, thread CPU time")
+            except (OSError, subprocess.SubprocessError) as e:
+                ceil["methods"]["cmp_select_add_loop_per_s_1core"] = f"n/a ({type(e).__name__}: {str(e)[:120]})"
         complete_cpu_ceilings(ceil)
     ceil["measure_s"] = time.perf_counter() - t0
     return ceil
@@ -232,7 +308,7 @@ def complete_cpu_ceilings(ceil: dict) -> dict:
     """CPU rates for ``threads`` threads from the one-core rates, and the CPU fp32 rate
     from the matmul rate (also for results saved before these fields existed)."""
     threads = ceil.get("threads") or 1
-    for unit in ("exp_per_s", "cmp_select_add_per_s"):
+    for unit in ("exp_per_s", "cmp_select_add_per_s", "cmp_select_add_loop_per_s"):
         one = ceil.get(unit + "_1core")
         if one and not ceil.get(unit):
             ceil[unit] = one * threads
@@ -260,19 +336,25 @@ def floor_of(counts: Optional[dict], ceilings: dict) -> Optional[dict]:
     both = [v for v in (out["bytes_s"], out["work_s"]) if v]
     out["floor_s"] = max(both) if both else None
     out["bound"] = None if not both else ("bytes" if out["floor_s"] == out["bytes_s"] else "work")
+    loop = ceilings.get("cmp_select_add_loop_per_s")
+    if loop and out["work_unit"] == "cmp_select_add":
+        out["loop_s"] = counts["cmp_select_add"] / loop   # the tighter CPU bound: a C++ loop of that work
     return out
 
 
-def annotate(records, specs_by_name: dict, ceilings: dict, itemsize_of) -> None:
+def annotate(records, ops_by_name: dict, ceilings: dict) -> None:
     """Add ``floor`` (and measured / floor) to every ok record whose op has a model."""
     for rec in records:
-        spec = specs_by_name.get(rec["op"])
-        if spec is None or spec.floor_counts is None or rec["status"] != "ok":
+        op = ops_by_name.get(rec["op"])
+        if op is None or op.floor is None or rec["status"] != "ok":
             continue
-        counts = spec.floor_counts(rec["mode"], rec["size"], itemsize_of(rec["dtype"]))
+        itemsize = torch.empty((), dtype=getattr(torch, rec["dtype"])).element_size()
+        counts = op.floor(rec["mode"], rec["size"], itemsize)
         fl = floor_of(counts, ceilings)
         if fl and fl["floor_s"]:
             fl["measured_over_floor"] = rec["time"]["median_s"] / fl["floor_s"]
+            if fl.get("loop_s"):
+                fl["measured_over_loop_floor"] = rec["time"]["median_s"] / fl["loop_s"]
             if counts.get("bytes") and rec["time"]["median_s"] > 0:
                 fl["effective_bytes_per_s"] = counts["bytes"] / rec["time"]["median_s"]
         rec["floor"] = fl
