@@ -12,7 +12,8 @@
       <!-- end benchmarks table -->
 
   The path is relative to the markdown file. Keys: ``columns`` (tables.py's tokens),
-  ``ops``, ``modes``, ``max_n``, ``min_n``, ``row_label`` (the size column's title).
+  ``ops``, ``modes``, ``max_n``, ``min_n``, ``row_label`` and ``op_label`` (the size and
+  op columns' titles).
 
 ``--check`` writes nothing and exits 1 when a markdown file (a result's ``.md`` or a
 README table) is not what its JSON gives (tests/test_benchmarks.py runs it on the README).
@@ -73,7 +74,7 @@ def render_block(spec: dict, base: Path) -> str:
         raise ValueError(f"{spec['file']}: no record matches {spec}")
     rel = os.path.relpath(path, base)
     return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
-            + tables.table(recs, _csv(spec["columns"]), spec.get("row_label")) + "\n")
+            + tables.table(recs, _csv(spec["columns"]), spec.get("row_label"), spec.get("op_label")) + "\n")
 
 
 def render_markdown(text: str, base: Path) -> str:

@@ -135,21 +135,25 @@ def select(records: List[dict], ops: Optional[Iterable[str]] = None, modes: Opti
             and (max_n is None or r["x"] <= max_n) and (min_n is None or r["x"] >= min_n)]
 
 
-def table(records: List[dict], columns: Iterable[str], row_label: Optional[str] = None) -> str:
-    """One markdown table: a row per (op, mode, size) of ``records`` (op, mode, size
-    label columns shown where they vary), then ``columns`` (tokens, module docstring)."""
+def table(records: List[dict], columns: Iterable[str], row_label: Optional[str] = None,
+          op_label: Optional[str] = None) -> str:
+    """One markdown table: a row per (op, mode, size) of ``records`` (op and mode columns
+    shown where they vary, the size column unless every row of several ops has the same
+    size), then ``columns`` (tokens, module docstring)."""
     cols = [Column(c) for c in columns]
     op_order = list(OrderedDict.fromkeys(r["op"] for r in records))
     keys = sorted(OrderedDict.fromkeys((r["op"], r["mode"], r["size_label"], r["x"]) for r in records),
                   key=lambda k: (op_order.index(k[0]), MODES.index(k[1]) if k[1] in MODES else 9, k[3]))
     show_op = len({k[0] for k in keys}) > 1
     show_mode = len({k[1] for k in keys}) > 1
-    head = (["op"] if show_op else []) + (["mode"] if show_mode else []) + [row_label or "size"]
+    show_size = not show_op or len({k[2] for k in keys}) > 1
+    head = (([op_label or "op"] if show_op else []) + (["mode"] if show_mode else [])
+            + ([row_label or "size"] if show_size else []))
     head += [c.label for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for op, mode, size, _x in keys:
         by_impl = {r["impl"]: r for r in records if (r["op"], r["mode"], r["size_label"]) == (op, mode, size)}
-        row = ([op] if show_op else []) + ([mode] if show_mode else []) + [size]
+        row = ([op] if show_op else []) + ([mode] if show_mode else []) + ([size] if show_size else [])
         lines.append("| " + " | ".join(row + [c.cell(by_impl) for c in cols]) + " |")
     return "\n".join(lines)
 

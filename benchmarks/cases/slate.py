@@ -131,6 +131,8 @@ def run(args, device, save):
                  repeat_budget_s=args.repeat_budget or 10.0, case_limit_s=args.case_limit or 300.0)
     if args.quick:
         cfg.max_repeats, cfg.repeat_budget_s, cfg.max_warmup = 3, 0.05, 1
+    if args.time_limit:
+        cfg.deadline = time.monotonic() + args.time_limit
     impls = args.impls or list(op.impls)
     records = bench_ops([op], impls, ["forward+backward"], cfg, lambda o: o.sizes["cpu"],
                         log=lambda s: print(s, flush=True),
