@@ -40,7 +40,8 @@ def parser(case_names) -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch and fastrank's OpenMP kernels (default: all; percall: 1)")
-    g.add_argument("--out", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
+    g.add_argument("--out", type=Path, default=None,
+                   help=f"output folder (default {RESULTS}; --quick: {RESULTS / 'quick'}, not tracked by git)")
     g.add_argument("--tag", default=None, help="file name suffix: <device>-<date>-<case>-<tag> (--quick: quick)")
     g.add_argument("--time-limit", type=float, default=None, help="seconds per case; later cells are skipped")
     g.add_argument("--ops", type=_csv, default=None, help="sweep, percall: comma-separated ops (ops.py)")
@@ -94,6 +95,7 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
     from .cases import CASES
 
     args = parser(list(CASES)).parse_args(argv)
+    args.out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     if args.list:
         width = max(len(n) for n in CASES)
         for name, case in CASES.items():

@@ -146,6 +146,19 @@ def test_quick_metrics_and_the_peer_case(quick_run):
         assert r["status"] == "ok" or r["reason"], r
 
 
+def test_quick_cpu_kernels_times_the_kernels_beside_the_public_call(quick_run):
+    _, _, _, payloads = quick_run
+    recs = payloads["cpu_kernels"][1]["results"]
+    by = {(r["op"], r["mode"], r["impl"]): r for r in recs}
+    assert set(by) == {(op, p, impl) for op, p in (("smooth_ndcg", "forward"), ("kendall_sw", "forward"),
+                                                   ("kendall_sw", "backward"))
+                       for impl in ("kernel", "public call")}
+    public = by[("kendall_sw", "backward", "public call")]
+    kernel = by[("kendall_sw", "backward", "kernel")]
+    assert public["status"] == "ok"
+    assert kernel["status"] == "ok" or "compiler" in kernel["reason"] or "building" in kernel["reason"], kernel
+
+
 def test_list_names_every_case_and_its_file(bench):
     out = subprocess.run([sys.executable, str(BENCH), "--list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -34,6 +34,11 @@ DRIVER = Path(__file__).resolve().parents[1] / "cpu_driver.cpp"
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = ("cpu/smooth_ndcg.cpp", "cpu/kendall.cpp", "cpu/kendall_sw.cpp")
 OPS = ("smooth_ndcg", "kendall_sw")
+PUBLIC = "public call"
+
+
+def passes_of(op):
+    return ["forward"] + (["backward"] if op == "kendall_sw" else [])
 
 
 def build(csrc: Path, out: Path) -> Path:
@@ -58,6 +63,49 @@ def run_driver(exe: Path, op: str, n: int, reps, rounds: int, threads: int) -> d
             for line in out.splitlines() if line.startswith(op)}
 
 
+def public_call(op: str, n: int, p: str):
+    """(setup, call) of the public function doing what the driver's pass does, native,
+    same input: smooth_ndcg forward+backward (the kernel's forward includes the gradient
+    pass), kendall_sw forward without grad, or its backward after an untimed forward."""
+    import fastrank
+    g = torch.Generator().manual_seed(0)
+    sim = torch.randn(n, n, generator=g).requires_grad_(True)
+    rel = torch.rand(n, n, generator=g)
+    state = {}
+    if op == "smooth_ndcg":
+        def call():
+            sim.grad = None
+            fastrank.smooth_ndcg_loss(sim, rel, 0.01, impl="native").backward()
+        return (lambda: None), call
+    if p == "forward":
+        def call():
+            with torch.no_grad():
+                fastrank.kendall_sw_loss(sim, rel, impl="native")
+        return (lambda: None), call
+
+    def setup():
+        sim.grad = None
+        state["loss"] = fastrank.kendall_sw_loss(sim, rel, impl="native")
+    return setup, lambda: state.pop("loss").backward()
+
+
+def time_public(op, n, p, reps, rounds) -> list:
+    """seconds per call in each round of reps calls (setups untimed)."""
+    setup, call = public_call(op, n, p)
+    setup()
+    call()
+    out = []
+    for _ in range(rounds):
+        total = 0.0
+        for _ in range(reps):
+            setup()
+            t = time.perf_counter()
+            call()
+            total += time.perf_counter() - t
+        out.append(total / reps)
+    return out
+
+
 def run(args, device, save):
     t0 = time.monotonic()
     device = torch.device("cpu")
@@ -80,27 +128,31 @@ def run(args, device, save):
             for n in sizes:
                 times = {}
                 if not why:
-                    for _ in range(blocks):     # the builds alternate: an A/B sees the same load
+                    for _ in range(blocks):     # the builds and the public call alternate: one load
                         for name, exe in exes.items():
                             for p, ts in run_driver(exe, op, n, reps, rounds, threads).items():
                                 times.setdefault((name, p), []).extend(ts)
-                passes = ["forward"] + (["backward"] if op == "kendall_sw" else [])
-                for name in trees:
-                    for p in passes:
+                        for p in passes_of(op):
+                            r = reps or max(1, 200 * 128 ** 3 // n ** 3)
+                            times.setdefault((PUBLIC, p), []).extend(time_public(op, n, p, r, rounds))
+                for name in list(trees) + [PUBLIC]:
+                    for p in passes_of(op):
                         rec = {"op": op, "impl": name, "mode": p, "size": {"n": n, "m": n}, "size_label": f"{n} x {n}",
                                "x": n, "dtype": "float32", "device": "cpu", "status": "ok", "reason": None,
-                               "time": None, "source": str(trees[name])}
-                        if why:
+                               "time": None, "source": str(trees.get(name, "the fastrank module in use"))}
+                        if why and name != PUBLIC:
                             rec["status"], rec["reason"] = "skipped", why
                         else:
                             rec["time"] = summarize(times[(name, p)])
                             print(f"{op} {p} {n} x {n} {name}: {rec['time']['median_s'] * 1e3:.4g} ms", flush=True)
                         records.append(rec)
     report = {"baselines": {op: "kernel" for op in ops},
-              "ratios": [f"{b}/kernel" for b in list(trees)[1:]],
+              "ratios": [f"{b}/kernel" for b in list(trees)[1:]] + [f"{PUBLIC}/kernel"],
               "method": [f"the kernels called from C++ (cpu_driver.cpp, CPU module flags and -g), {threads} "
                          f"thread(s); median per call over {blocks * rounds} rounds of back-to-back calls, the "
-                         "builds alternating; smooth_ndcg's forward includes its gradient pass"]}
+                         "builds and the public call alternating; smooth_ndcg's forward includes its gradient pass",
+                         f"{PUBLIC}: the public function, impl='native', doing the same from Python (smooth_ndcg: "
+                         "forward+backward; kendall_sw: forward without grad, backward after an untimed forward)"]}
     conf = {"quick": args.quick, "threads": threads, "trees": {k: str(v) for k, v in trees.items()}}
     return payload("cpu_kernels", device, conf, records, report, machine, t0)
 
