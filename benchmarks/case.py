@@ -9,6 +9,7 @@ payload to ``<out>/<device>-<date>-<case>[-<tag>].json`` and its ``.md`` and ``.
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -28,7 +29,6 @@ class Case:
 def payload(case: str, device: torch.device, config: dict, records: List[dict], report: dict,
             machine: dict, t0: float, complete: bool = True, **extra) -> dict:
     """A case's result in the common layout (results.py)."""
-    import time
     return {"schema": results.SCHEMA, "case": case, "created": results.created_now(), "device": str(device),
             "machine": machine, "config": {"command": results.command_line(), **config}, "report": report,
             **extra, "results": records, "complete": complete, "loadavg_end": results.loadavg(),

@@ -24,19 +24,17 @@ written yet show up as such instead of breaking the run.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from .memory import PeakMemory, available_bytes
+from .results import MODES
 from .tables import fmt_bytes
 from .timing import summarize, time_call
-
-MODES = ("forward+backward", "forward", "backward")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -25,8 +25,7 @@ from torch.utils.checkpoint import checkpoint
 import fastrank
 
 from . import baselines
-
-MODES = ("forward+backward", "forward", "backward")
+from .results import MODES
 
 
 @dataclass

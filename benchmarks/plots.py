@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
-MODES = ("forward+backward", "forward", "backward")
+from .results import MODES
 
 
 def _rows(payload: dict):

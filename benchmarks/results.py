@@ -35,6 +35,8 @@ import torch
 
 SCHEMA = 2
 RESULTS = Path(__file__).resolve().parent / "results"
+# a record's mode, in the order tables and runs take them
+MODES = ("forward+backward", "forward", "backward")
 
 
 def stem(device: torch.device, case: str, tag: str = "", date: _dt.date = None) -> str:

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional
 
-MODES = ("forward+backward", "forward", "backward")
+from .results import MODES
+
 _UNITS = {"exp": "exp", "fp32": "fp32", "mm_flop": "matmul", "cmp_select_add": "cmp+sel+add"}
 
 

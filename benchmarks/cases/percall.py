@@ -29,7 +29,6 @@ core's fixed costs.
 """
 from __future__ import annotations
 
-import functools
 import gc
 import time
 from dataclasses import dataclass

@@ -22,10 +22,10 @@ import torch
 
 from ..case import Case, payload
 from ..ceilings import annotate, measure_ceilings
-from ..harness import MODES, Config, bench_ops
+from ..harness import Config, bench_ops
 from ..memory import PeakMemory
 from ..ops import OPS
-from ..results import machine_info
+from ..results import MODES, machine_info
 
 IMPLS = ("native", "reference", "compiled", "chunked", "dense", "eager")
 QUICK_SKIP = "not run in --quick (torch.compile takes about a minute)"
