@@ -1,7 +1,13 @@
-"""fastrank's benchmark harness: ``python -m benchmarks`` (see benchmarks/README.md).
+"""fastrank's benchmarks: ``python -m benchmarks`` (see benchmarks/README.md).
 
-One file per idea: harness.py (one case: guard, warm-up, repeats, record), memory.py
-(peak extra memory), floors.py (device ceilings and each op's floors), baselines.py (the
-PyTorch baselines: eager reference, torch.compile, chunked), report.py (JSON, markdown,
-plots), runner.py (the command line), bench_<op>.py (what each op's cases are).
+Layers, each importing only those above it in this list:
+
+- timing.py, memory.py: how long one call takes, how much memory it adds;
+- ceilings.py: the device's measured rates, and an op's floor from them;
+- baselines.py: the PyTorch versions raced against the kernels (compiled, chunked);
+- ops.py: every op, described once (inputs, implementations, sizes, floor);
+- harness.py: measuring implementations of an op over its sizes, one record each;
+- results.py, case.py: a run's payload and files; what a case is;
+- tables.py, plots.py, report.py: markdown and PNG from the JSON (results and README);
+- cases/: one file per case (``--list``); cli.py, __main__.py: the command line.
 """

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 BLOCK_ELEMENTS = 1 << 24
 
 
-def _raise_recompile_limit() -> None:
+def raise_recompile_limit() -> None:
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
@@ -34,7 +34,7 @@ def reference(fn: Callable, **kw) -> Callable:
 def compiled(fn: Callable, **kw) -> Callable:
     """torch.compile of the reference call (compiled lazily, on the first call), with
     dynamic shapes so that one compilation serves every size."""
-    _raise_recompile_limit()
+    raise_recompile_limit()
     return torch.compile(functools.partial(fn, impl="reference", **kw), dynamic=True)
 
 

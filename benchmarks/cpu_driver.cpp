@@ -1,20 +1,13 @@
-// A C++ driver for the CPU kernels, without Python: for perf (symbols, source lines) and
-// for A/B timings of a kernel change in one session. Build with the CPU module's flags
-// (CMakeLists.txt) and -g:
+// The CPU kernels without Python, for the cpu_kernels case (benchmarks/cases/cpu_kernels.py),
+// which builds this file with the CPU module's flags and -g and runs it: kernel-only times, and
+// A/B of a kernel change against another source tree (--kernel-src) in one run. Also for perf:
+//   perf record BINARY smooth_ndcg 128 && perf report --sort srcline
 //
-//   g++ -std=c++17 -O3 -g -fno-math-errno -fassociative-math -fno-signed-zeros -fno-trapping-math
-//       -march=native -fopenmp -Icsrc/include benchmarks/cpu_driver.cpp csrc/cpu/smooth_ndcg.cpp
-//       csrc/cpu/kendall.cpp csrc/cpu/kendall_sw.cpp -o /tmp/cpu_driver        (one command line)
-//
-// A/B against an older commit: `git worktree add /tmp/old REV`, then the same command with
-// /tmp/old/csrc in place of csrc (the kernel entry points have not changed since 469ffd5).
-//   OMP_NUM_THREADS=1 /tmp/cpu_driver smooth_ndcg 128 [reps]   # forward with the gradient pass
-//   OMP_NUM_THREADS=1 /tmp/cpu_driver kendall_sw 512 [reps]    # forward, then backward
-//   perf record /tmp/cpu_driver smooth_ndcg 128 && perf report --sort srcline
-//
+// Usage: BINARY OP N [reps] [rounds]   (OP: smooth_ndcg or kendall_sw; OMP_NUM_THREADS as wanted)
 // Input: N x N float32, sim ~ N(0, 1), relevance ~ U(0, 1) (seed 0), both directions,
-// reduction mean; smooth_ndcg tau = 0.01, kendall_sw alpha = 0.1, beta = 0.05 (18
-// windows). Prints the best of 5 rounds of `reps` calls, per call, and the loss.
+// reduction mean; smooth_ndcg tau = 0.01 (its forward includes the gradient pass),
+// kendall_sw alpha = 0.1, beta = 0.05 (18 windows), forward then backward.
+// Prints one line per timed pass: "OP PASS N ms_per_call_round1 ms_round2 ...", then "loss X".
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,14 +22,20 @@
 namespace {
 
 template <typename F>
-double best_ms(int reps, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
+std::vector<double> round_ms(int reps, int rounds, F&& f) {
+  std::vector<double> out;
+  for (int r = 0; r < rounds; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < reps; ++i) f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+    out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps * 1e3);
   }
-  return best * 1e3;
+  return out;
+}
+
+void print(const char* op, const char* pass, int64_t n, const std::vector<double>& ms) {
+  std::printf("%s %s %lld", op, pass, static_cast<long long>(n));
+  for (double m : ms) std::printf(" %.6g", m);
+  std::printf("\n");
 }
 
 }  // namespace
@@ -46,6 +45,7 @@ int main(int argc, char** argv) {
   const std::string op = argc > 1 ? argv[1] : "smooth_ndcg";
   const int64_t n = argc > 2 ? std::atoll(argv[2]) : 128;
   const int reps = argc > 3 ? std::atoi(argv[3]) : std::max<int>(1, static_cast<int>(200 * 128 * 128 * 128 / (n * n * n)));
+  const int rounds = argc > 4 ? std::atoi(argv[4]) : 5;
   std::vector<float> sim(n * n), rel(n * n);
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
@@ -55,26 +55,24 @@ int main(int argc, char** argv) {
   const int both = fastrank::kBoth, mean = fastrank::kMean;
   if (op == "smooth_ndcg") {
     std::vector<float> out(2 * n + 4), ws(fastrank::smooth_ndcg_ws_numel(n, n, both));
-    const double ms = best_ms(reps, [&] {
+    print("smooth_ndcg", "forward", n, round_ms(reps, rounds, [&] {
       fastrank::cpu::smooth_ndcg_forward(DType::f32, sim.data(), n, 1, rel.data(), n, 1, nullptr, 0, 0, n, n, both,
                                          mean, 1, 0.01, out.data(), ws.data());
-    });
-    std::printf("smooth_ndcg n=%lld: %.3f ms per forward (gradient pass included); loss %.6g\n",
-                static_cast<long long>(n), ms, out[0]);
+    }));
+    std::printf("loss %.6g\n", out[0]);
   } else if (op == "kendall_sw") {
     const int64_t n_w = 18;
     std::vector<float> loss(2 * n + 4), aux(2 * 2 * n + 2), grad(n * n), go(1, 1.0f);
     std::vector<int32_t> idx(2 * n * n_w * 2);
-    const double fwd = best_ms(reps, [&] {
+    print("kendall_sw", "forward", n, round_ms(reps, rounds, [&] {
       fastrank::cpu::kendall_sw_forward(DType::f32, DType::f32, sim.data(), n, 1, rel.data(), n, 1, n, n, 0.1, 0.05,
                                         1.0, n_w, both, mean, loss.data(), idx.data(), aux.data());
-    });
-    const double bwd = best_ms(reps, [&] {
+    }));
+    print("kendall_sw", "backward", n, round_ms(reps, rounds, [&] {
       fastrank::cpu::kendall_sw_backward(DType::f32, sim.data(), n, 1, idx.data(), n_w, aux.data(), go.data(), n, n,
                                          both, mean, grad.data());
-    });
-    std::printf("kendall_sw n=%lld: forward %.3f ms, backward %.3f ms per call; loss %.6g\n",
-                static_cast<long long>(n), fwd, bwd, loss[0]);
+    }));
+    std::printf("loss %.6g\n", loss[0]);
   } else {
     std::fprintf(stderr, "op must be smooth_ndcg or kendall_sw, got %s\n", op.c_str());
     return 2;

@@ -5,19 +5,21 @@
 #      sm_90 only unless FASTRANK_CUDA_ARCHS says otherwise), at most GPU_CHECK_BUILD_S (300) s;
 #   3. python -m fastrank info;
 #   4. the CUDA tests first (pytest -k cuda), at most GPU_CHECK_TESTS_S (default 180) s;
-#   5. the per-call case (python -m benchmarks --case percall --device cuda: one forward+backward
-#      call at N = 4 .. 512, native / trivial / reference / CUDA graph, then torch.compile with
-#      the time left), at most GPU_CHECK_PERCALL_S (default 100) s;
-#   6. the slate case, only if benchmarks/bench_slate.py exists (written elsewhere; called with
-#      --device cuda --out DIR, and --time-limit S when its --help lists it), at most
-#      GPU_CHECK_SLATE_S (default 60) s;
-#   7. the size sweep on the GPU (python -m benchmarks --device cuda --order breadth --huge):
+#   5. the floors and per-call cases (python -m benchmarks floors percall --device cuda: the
+#      GPU's copy, exp, FMA and matmul rates; one forward+backward call at N = 4 .. 512, native /
+#      trivial / reference / CUDA graph, then torch.compile with the time left), at most
+#      GPU_CHECK_PERCALL_S (default 100) s;
+#   6. the slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
+#      (default 60) s;
+#   7. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
 #      breadth-first, every op at its small sizes, then medium, then large, so that the time
 #      limit cuts the largest sizes and never a whole op; with the time that is left.
 # Every step is time-limited so that the script ends before GPU_CHECK_BUDGET_S (default 540 s
 # = 9 min) have passed; a step that is cut still leaves what it wrote.
 # Everything (logs, results JSON, markdown, PNG plots) goes under one folder:
-#   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/results/gpu-<date>)
+#   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/gpu-check-<date>)
+# The result files (cuda-<date>-<case>.json, .md, .png) are in the one layout: copy them to
+# benchmarks/results/ to publish them (python -m benchmarks report then draws the README tables).
 # Needs: python with a CUDA build of torch, nvcc, cmake, ninja (optional), setuptools, pybind11.
 # Exit status: 0 when every step passed; otherwise the number of the first failed step
 # (the step numbers above); after a failure from step 2 on, later steps still run where they can, so the folder holds as much
@@ -25,7 +27,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${1:-$ROOT/benchmarks/results/gpu-$(date +%Y-%m-%d)}"
+OUT="${1:-$ROOT/benchmarks/gpu-check-$(date +%Y-%m-%d)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BUDGET="${GPU_CHECK_BUDGET_S:-540}"
@@ -90,31 +92,25 @@ RC=${PIPESTATUS[0]}
 [ "$RC" -eq 124 ] && echo "!!! CUDA tests cut after $T s"
 [ "$RC" -eq 0 ] || fail 4 "CUDA tests (see cuda-tests.log)"
 
-step "5. per-call case (issue 11)"
+step "5. floors and per-call cases"
 P=$(clamp $(( ($(left) - 60) / 3 )) "$PERCALL_S" 20)
 echo "time limit: $P s (+30 s for a compilation in flight)"
-timeout $(( P + 30 )) "$PY" "$ROOT/benchmarks" --case percall --device cuda --out "$OUT" --time-limit "$P" \
+timeout $(( P + 30 )) "$PY" "$ROOT/benchmarks" floors percall --device cuda --out "$OUT" --time-limit "$P" \
   --samples 15 2>&1 | tee "$OUT/percall.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "per-call case (see percall.log)"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "floors / per-call case (see percall.log)"
 
-if [ -f "$ROOT/benchmarks/bench_slate.py" ]; then
-  step "6. slate case (benchmarks/bench_slate.py)"
-  S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
-  EXTRA=()
-  "$PY" "$ROOT/benchmarks/bench_slate.py" --help 2>/dev/null | grep -q -- "--time-limit" && EXTRA=(--time-limit "$S")
-  echo "time limit: $S s (+20 s)"
-  timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks/bench_slate.py" --device cuda --out "$OUT" ${EXTRA[@]+"${EXTRA[@]}"} \
-    2>&1 | tee "$OUT/slate.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || fail 6 "slate case (see slate.log)"
-else
-  step "6. slate case: benchmarks/bench_slate.py not present, skipped"
-fi
+step "6. slate case"
+S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
+echo "time limit: $S s (+20 s)"
+timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \
+  2>&1 | tee "$OUT/slate.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 6 "slate case (see slate.log)"
 
 step "7. size sweep (breadth-first)"
 LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
 [ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep time limit: $LEFT s"
-timeout $(( LEFT + 55 )) "$PY" "$ROOT/benchmarks" --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
+timeout $(( LEFT + 55 )) "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
   --order breadth 2>&1 | tee "$OUT/benchmarks.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail 7 "size sweep (see benchmarks.log)"
 

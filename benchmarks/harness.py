@@ -1,7 +1,8 @@
-"""Running one benchmark case: guard, warm-up, timed repeats, peak memory, one record.
+"""Measuring a set of implementations of an op over its sizes: guard, warm-up, timed
+repeats, peak memory, one record per (op, implementation, mode, size).
 
-A case is (op, implementation, mode, size). Each ``bench_<op>.py`` describes its op as
-an :class:`OpBench`; this module runs its cases the same way for every op:
+The sweep, slate, metrics and peer cases run their ops through :func:`bench_ops`; an op is
+an ``ops.Op`` (or anything with the same fields). For each case:
 
 1. Guard. Skip (with the reason recorded) when the estimated memory exceeds the budget
    (a fraction of the free memory; the estimate is the op's analytic one, corrected by
@@ -12,8 +13,8 @@ an :class:`OpBench`; this module runs its cases the same way for every op:
    ``first_call_s``), a second one if the first was quick. Peak extra memory is
    measured on the last warm-up call (memory.py).
 3. Repeats until ``max_repeats`` calls or ``repeat_budget_s`` seconds (at least
-   ``min_repeats``). CPU: ``time.perf_counter``; CUDA: events around the call.
-   Reported: median, quartiles, min, max.
+   ``min_repeats``), timed with timing.py; reported: median, quartiles, min, max (and on
+   the CPU the median CPU time of the process, all threads).
 
 Modes: ``forward`` (inputs do not require grad), ``backward`` (the forward is run
 untimed before each call; the call is the backward alone), ``forward+backward``.
@@ -23,49 +24,17 @@ written yet show up as such instead of breaking the run.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from .memory import PeakMemory, available_bytes
-
-MODES = ("forward+backward", "forward", "backward")
-
-
-@dataclass
-class OpBench:
-    """What a bench file declares about its op.
-
-    impls: name -> factory; the factory returns ``fn(**inputs)`` giving a scalar loss
-      or a tuple of tensors. Factories are called once per run (compiled functions are
-      reused across sizes).
-    sizes: "cpu" / "cuda" / "quick" -> list of size dicts, e.g. ``{"n": 64, "m": 64}``.
-    make_inputs(size, device, dtype, requires_grad) -> dict of tensors.
-    work(size) -> relative cost (any unit), used to extrapolate time between sizes.
-    est_bytes(impl, mode, size, itemsize) -> estimated peak extra bytes (the guard).
-    floor_counts(mode, size, itemsize) -> {"bytes", "exp", "fp32", "mm_flop"} (floors.py),
-      or None when the op has no floor model.
-    """
-    name: str
-    impls: Dict[str, Callable[[], Callable]]
-    sizes: Dict[str, List[dict]]
-    make_inputs: Callable
-    work: Callable[[dict], float]
-    est_bytes: Callable[[str, str, dict, int], float]
-    floor_counts: Optional[Callable[[str, dict, int], dict]] = None
-    modes: tuple = MODES
-    baseline: str = "reference"
-    size_label: Callable[[dict], str] = lambda s: f"{s['n']} x {s['m']}"
-    x_of: Callable[[dict], float] = lambda s: s["n"]
-    x_name: str = "N (= M)"
-    notes: str = ""
-    group: str = ""            # ops of one group share a plot (the PyTorch losses)
-    out_bytes: Optional[Callable[[dict, int], float]] = None   # one output matrix, for "peak / output"
-    unavailable: Dict[str, str] = field(default_factory=dict)   # impl -> why it cannot run
+from .results import MODES
+from .tables import fmt_bytes
+from .timing import summarize, time_call
 
 
 @dataclass
@@ -117,47 +86,6 @@ class History:
 
 class Skip(Exception):
     """A case that is not run, with the reason recorded in the results."""
-
-
-def fmt_bytes(b: float) -> str:
-    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if b >= k:
-            return f"{b / k:.3g} {unit}"
-    return f"{int(b)} B"
-
-
-# ------------------------------------------------------------------------ timing
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_call(call: Callable[[], None], device: torch.device) -> float:
-    """Seconds taken by call(); CUDA timed with events on the current stream."""
-    if device.type == "cuda":
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    call()
-    return time.perf_counter() - t0
-
-
-def summarize(times: List[float]) -> dict:
-    ts = sorted(times)
-    if len(ts) >= 2:
-        q = statistics.quantiles(ts, n=4, method="inclusive")
-        p25, p75 = q[0], q[2]
-    else:
-        p25 = p75 = ts[0]
-    return {"median_s": statistics.median(ts), "p25_s": p25, "p75_s": p75,
-            "min_s": ts[0], "max_s": ts[-1], "repeats": len(ts)}
 
 
 # ------------------------------------------------------------------------ one case
@@ -232,9 +160,9 @@ def record_error(rec: dict, e: BaseException) -> None:
         rec["traceback"] = traceback.format_exc(limit=6)
 
 
-def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: dict,
-             cfg: Config, history: History) -> dict:
-    """Run one case and return its record (status "ok", "skipped" or "error")."""
+def run_case(spec, impl: str, fn, mode: str, size: dict, cfg: Config, history: History) -> dict:
+    """Run one case and return its record (status "ok", "skipped" or "error"). ``fn`` is
+    the implementation, or a string saying why it cannot run."""
     rec = {"op": spec.name, "group": spec.group or spec.name, "impl": impl, "mode": mode, "size": dict(size),
            "size_label": spec.size_label(size), "x": spec.x_of(size),
            "dtype": str(cfg.dtype).replace("torch.", ""), "device": str(cfg.device),
@@ -245,10 +173,11 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
     itemsize = torch.empty((), dtype=cfg.dtype).element_size()
     work = spec.work(size)
     est = spec.est_bytes(impl, mode, size, itemsize)
+    cpu = cfg.device.type == "cpu"
     inputs = None
     try:
-        if fn is None:
-            raise Skip(spec.unavailable.get(impl, "not implemented"))
+        if not callable(fn):
+            raise Skip(fn or "not implemented")
         if cfg.deadline is not None and time.monotonic() > cfg.deadline:
             raise Skip("run time limit reached")
         if (impl == "compiled" and cfg.deadline is not None and key not in history.last
@@ -268,7 +197,7 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
             min_repeats = max_repeats = calls - 1     # fewer repeats rather than none
 
         torch.manual_seed(cfg.seed)
-        inputs = spec.make_inputs(size, cfg.device, cfg.dtype, mode != "forward")
+        inputs = spec.inputs(size, cfg.device, cfg.dtype, mode != "forward")
         setup, call = _calls(fn, inputs, mode)
         meter = PeakMemory(cfg.device)
 
@@ -276,10 +205,13 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
         # (predicted < 1 s); peak memory is measured on the last warm-up call.
         # no_warmup: the first call is the only one, timed and measured.
         times: List[float] = []
+        cpu_times: List[float] = []
         setup()
         if cfg.no_warmup:
             with meter.measure() as m:
+                c0 = time.process_time()
                 times.append(time_call(call, cfg.device))
+                cpu_times.append(time.process_time() - c0)
             rec["warmup"] = 0
         elif impl != "compiled" and (cfg.max_warmup < 2 or min_repeats < cfg.min_repeats
                                       or (pred is not None and pred > 1.0)):
@@ -304,8 +236,10 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
             if cfg.deadline is not None and time.monotonic() > cfg.deadline and len(times) >= 1:
                 break
             setup()
+            c0 = time.process_time()
             times.append(time_call(call, cfg.device))
-        rec["time"] = summarize(times)
+            cpu_times.append(time.process_time() - c0)
+        rec["time"] = summarize(times, cpu_times if cpu else None)
         history.update(key, work, rec["time"]["min_s"], m.peak_bytes, est)
     except Skip as s:
         rec["status"], rec["reason"] = "skipped", str(s)
@@ -319,17 +253,16 @@ def run_case(spec: OpBench, impl: str, fn: Optional[Callable], mode: str, size: 
     return rec
 
 
-def probe(spec: OpBench, impl_fns: Dict[str, Callable], cfg: Config) -> Dict[str, str]:
+def probe(spec, fns: Dict[str, object], cfg: Config) -> Dict[str, str]:
     """Impls that cannot run at all (not implemented, native not built), with the reason:
     one tiny forward call each, so their cases are skipped without retrying every size."""
     out = {}
     small = spec.sizes["quick"][0]
-    for impl, fn in impl_fns.items():
-        if fn is None or impl == "compiled":
+    for impl, fn in fns.items():
+        if not callable(fn) or impl == "compiled":
             continue
         try:
-            inputs = spec.make_inputs(small, cfg.device, cfg.dtype, False)
-            fn(**inputs)
+            fn(**spec.inputs(small, cfg.device, cfg.dtype, False))
         except Exception as e:  # noqa: BLE001
             status, reason = classify_error(e)
             if status == "skipped" and reason != "out of memory":
@@ -337,27 +270,34 @@ def probe(spec: OpBench, impl_fns: Dict[str, Callable], cfg: Config) -> Dict[str
     return out
 
 
-def make_impls(spec: OpBench, names) -> Dict[str, Optional[Callable]]:
-    fns = {}
+def make_impls(spec, names, cfg: Config, skip: Optional[Dict[str, str]] = None) -> Dict[str, object]:
+    """impl -> its function, or a string saying why it cannot run (the op is missing
+    from fastrank, the factory failed, a tiny probe call was not implemented; compiled
+    follows the reference it compiles)."""
+    missing = spec.missing() if hasattr(spec, "missing") else None
+    fns: Dict[str, object] = {}
     for name in names:
         if name not in spec.impls:
             continue
-        if name in spec.unavailable:
-            fns[name] = None
+        if missing or (skip and name in skip):
+            fns[name] = missing or skip[name]
             continue
         try:
             fns[name] = spec.impls[name]()
         except Exception as e:  # noqa: BLE001
-            fns[name] = None
-            spec.unavailable[name] = classify_error(e)[1]
+            fns[name] = classify_error(e)[1]
+    bad = probe(spec, fns, cfg)
+    fns.update(bad)
+    if callable(fns.get("compiled")) and "reference" in bad:
+        fns["compiled"] = bad["reference"]
     return fns
 
 
 ORDERS = ("depth", "breadth")
 
 
-def case_order(prepared, modes, size_key: str, order: str = "depth"):
-    """(spec, fns, mode, size) in the order the cases run.
+def case_order(prepared, modes, sizes_of, order: str = "depth"):
+    """(spec, fns, mode, size) in the order the cases run; sizes_of(spec) -> its sizes.
 
     depth: modes in priority order (forward+backward first), then ops, then each op's
       sizes small to large: with a time limit, the last ops are not reached at all.
@@ -373,44 +313,33 @@ def case_order(prepared, modes, size_key: str, order: str = "depth"):
         for mode in modes:
             for spec, fns in prepared:
                 if mode in spec.modes:
-                    for size in spec.sizes[size_key]:
+                    for size in sizes_of(spec):
                         yield spec, fns, mode, size
         return
-    rounds = max((len(spec.sizes[size_key]) for spec, _ in prepared), default=0)
+    rounds = max((len(sizes_of(spec)) for spec, _ in prepared), default=0)
     for i in range(rounds):
         for mode in modes:
             for spec, fns in prepared:
-                sizes = spec.sizes[size_key]
+                sizes = sizes_of(spec)
                 if mode in spec.modes and i < len(sizes):
                     yield spec, fns, mode, sizes[i]
 
 
-def bench_ops(specs: List[OpBench], impls, modes, cfg: Config, size_key: str,
-              log=print, order: str = "depth") -> List[dict]:
-    """All cases, in ``order`` (see case_order). A compiled implementation whose first
-    call fails is not retried at larger sizes."""
+def bench_ops(specs: list, impls, modes, cfg: Config, sizes_of, log=print,
+              order: str = "depth", skip: Optional[Dict[str, str]] = None) -> List[dict]:
+    """Every (op, impl, mode, size), in ``order`` (see case_order); sizes_of(spec) -> the
+    sizes to run; ``skip``: impl -> why it is not run (recorded as skipped). A compiled
+    implementation whose first call fails is not retried at larger sizes."""
     records: List[dict] = []
     history = History()
-    prepared = []
-    for spec in specs:
-        fns = make_impls(spec, impls)
-        bad = probe(spec, fns, cfg)
-        for impl, reason in bad.items():
-            fns[impl] = None
-            spec.unavailable[impl] = reason
-        if "compiled" in fns and fns["compiled"] is not None and "reference" in bad:
-            fns["compiled"] = None
-            spec.unavailable["compiled"] = bad["reference"]
-        prepared.append((spec, fns))
-    for spec, fns, mode, size in case_order(prepared, modes, size_key, order):
+    prepared = [(spec, make_impls(spec, impls, cfg, skip)) for spec in specs]
+    for spec, fns, mode, size in case_order(prepared, modes, sizes_of, order):
         for impl, fn in fns.items():
             rec = run_case(spec, impl, fn, mode, size, cfg, history)
             records.append(rec)
             log(_line(rec))
             if impl == "compiled" and rec["status"] == "error":
-                fns[impl] = None
-                spec.unavailable[impl] = \
-                    "torch.compile failed: " + rec["reason"][:200]
+                fns[impl] = "torch.compile failed: " + rec["reason"][:200]
     return records
 
 

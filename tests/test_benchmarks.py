@@ -1,172 +1,311 @@
-"""The benchmark harness runs end to end: ``python -m benchmarks --quick`` in a subprocess
-writes its JSON, markdown and PNG files with the documented fields, measures the native
-smooth-NDCG kernel and the reference, and records a reference that would not fit as
-skipped with the reason (the quick run's memory budget is small on purpose)."""
+"""The benchmarks are one harness that runs and whose published numbers match their files:
+
+- ``python benchmarks --quick`` runs every case on the CPU in under 3 minutes and writes
+  each case's JSON, markdown (and plot) in the one layout, with no errors;
+- ``--list`` names every case and the file that holds it;
+- the package has no import cycle, and nothing below the cases imports them;
+- every result file's markdown, and every table in the README, is what its JSON gives
+  (``python -m benchmarks report --check``); results are named <device>-<date>-<case>[-<tag>].
+"""
+import ast
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+QUICK_LIMIT_S = 180
 
-RECORD_KEYS = {"op", "impl", "mode", "size", "size_label", "x", "dtype", "device", "status",
-               "reason", "time", "memory", "baseline", "vs_baseline"}
-OPS = {"smooth_ndcg", "kendall", "kendall_sw", "fast_rerank", "fast_rerank_topk",
-       "triplet_hardest", "triplet_soft", "triplet_all", "ladder", "topk"}
+
+@pytest.fixture(scope="module")
+def bench(monkeypatch_module):
+    """The benchmarks package from the checkout (it is not installed), with fastrank
+    imported first so that the installed package, with its native modules, is the one
+    in use."""
+    import fastrank  # noqa: F401
+    monkeypatch_module.syspath_prepend(str(ROOT))
+    import benchmarks.cases
+    import benchmarks.report
+    return benchmarks
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    # Run the folder as a script from outside the repository: `benchmarks` comes from the
-    # checkout, fastrank from wherever the test session imports it (installed or source).
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks"), "--quick", "--device", "cpu",
-                           "--out", str(out), "--name", "quick"],
-                          cwd=out, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc
+    # the folder run as a script from outside the repository: `benchmarks` comes from the
+    # checkout, fastrank from wherever the test session imports it (installed or source)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--device", "cpu", "--out", str(out)],
+                          cwd=out, capture_output=True, text=True, timeout=2 * QUICK_LIMIT_S)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    payloads = {}
+    for path in out.glob("*.json"):
+        data = json.loads(path.read_text())
+        payloads[data["case"]] = (path, data)
+    return out, proc, wall, payloads
 
 
-def test_quick_run_writes_json_markdown_and_plots(quick_run):
-    out, proc = quick_run
-    assert (out / "quick.json").is_file()
-    md = (out / "quick.md").read_text()
-    assert "### smooth_ndcg: forward+backward" in md and "| size | native | reference |" in md
-    pngs = sorted(p.name for p in out.glob("quick-*.png"))
-    assert "quick-smooth_ndcg.png" in pngs and "quick-losses.png" in pngs, pngs
-    assert all((out / p).stat().st_size > 1000 for p in pngs)
-    assert "wrote:" in proc.stdout
+def test_quick_runs_every_case_in_time_without_errors(bench, quick_run):
+    out, proc, wall, payloads = quick_run
+    assert wall < QUICK_LIMIT_S, f"--quick took {wall:.0f} s"
+    assert set(payloads) == set(bench.cases.CASES), proc.stdout[-3000:]
+    for case, (path, data) in payloads.items():
+        assert path.name == f"cpu-{data['created'][:10]}-{case}-quick.json"
+        assert path.with_suffix(".md").read_text().startswith(f"# {case}: cpu")
+        assert data["config"]["quick"] is True and data["device"] == "cpu" and data["complete"] is True
+        for r in data["results"]:
+            assert r["status"] in ("ok", "skipped"), (case, r["op"], r["impl"], r["reason"], r.get("traceback"))
+            if r["status"] == "skipped":
+                assert r["reason"], r
+            else:
+                t = r["time"]
+                assert 0 < t["min_s"] <= t["p25_s"] <= t["median_s"] <= t["p75_s"] <= t["max_s"], r
 
 
-def test_quick_run_json_fields(quick_run):
-    out, _ = quick_run
-    data = json.loads((out / "quick.json").read_text())
-    for key in ("schema", "created", "device", "machine", "config", "ceilings", "memory_method",
-                "results", "elapsed_s"):
-        assert key in data, key
-    assert data["device"] == "cpu" and data["config"]["quick"] is True
-    assert {"cpu_model", "cpu_count", "torch", "fastrank_backends"} <= set(data["machine"])
-    assert data["ceilings"]["copy_bytes_per_s"] > 0 and data["ceilings"]["exp_per_s"] > 0
-    ceil = data["ceilings"]   # CPU: one-core rates (issue 12), scaled by the thread count
-    assert ceil["exp_per_s_1core"] > 0 and ceil["cmp_select_add_per_s_1core"] > 0
+def test_quick_sweep_covers_every_op_and_mode(bench, quick_run):
+    _, _, _, payloads = quick_run
+    data = payloads["sweep"][1]
+    recs = data["results"]
+    assert {r["op"] for r in recs} == set(bench.ops.OPS)
+    assert {r["mode"] for r in recs} == {"forward", "backward", "forward+backward"}
+    ceil = data["ceilings"]   # CPU: one-core rates scaled by the thread count
     assert ceil["exp_per_s"] == pytest.approx(ceil["exp_per_s_1core"] * ceil["threads"])
     assert ceil["cmp_select_add_per_s"] == pytest.approx(ceil["cmp_select_add_per_s_1core"] * ceil["threads"])
-    recs = data["results"]
-    assert {r["op"] for r in recs} == OPS
-    assert {r["mode"] for r in recs} == {"forward", "backward", "forward+backward"}
-    for r in recs:
-        assert RECORD_KEYS <= set(r), set(RECORD_KEYS) - set(r)
-        assert r["status"] in ("ok", "skipped"), (r["op"], r["impl"], r["reason"], r.get("traceback"))
-        if r["status"] == "ok":
-            t = r["time"]
-            assert 0 < t["min_s"] <= t["p25_s"] <= t["median_s"] <= t["p75_s"] <= t["max_s"]
-            assert t["repeats"] >= 1 and r["memory"]["peak_bytes"] is not None
-        else:
-            assert r["reason"], r
-
-
-def test_quick_run_measures_smooth_ndcg_and_skips_a_reference_that_does_not_fit(quick_run):
-    out, _ = quick_run
-    recs = json.loads((out / "quick.json").read_text())["results"]
     sn = {(r["impl"], r["mode"], r["size"]["n"]): r for r in recs if r["op"] == "smooth_ndcg"}
-    ref_small = sn[("reference", "forward+backward", 16)]
-    assert ref_small["status"] == "ok" and ref_small["time"]["median_s"] > 0
-    big = sn[("reference", "forward+backward", 128)]
+    assert sn[("reference", "forward+backward", 16)]["status"] == "ok"
+    big = sn[("reference", "forward+backward", 128)]   # the quick run's memory budget is 16 MB on purpose
     assert big["status"] == "skipped" and big["reason"].startswith("would not fit"), big
-    assert big["memory_estimate_bytes"] > 16 << 20
     compiled = sn[("compiled", "forward+backward", 16)]
     assert compiled["status"] == "skipped" and "--quick" in compiled["reason"]
     native = sn[("native", "forward+backward", 16)]
     if native["status"] == "ok":   # the native module may be missing from a source-tree run
-        assert native["vs_baseline"] > 0
         assert native["floor"]["floor_s"] > 0 and native["floor"]["measured_over_floor"] > 0
     else:
         assert native["reason"].startswith("native kernels unavailable"), native
-    kendall = [r for r in recs if r["op"] == "kendall" and r["impl"] == "native" and r["status"] == "ok"
-               and r["mode"] == "forward+backward"]
-    for r in kendall:   # the CPU floor of a Kendall pair: one compare+select+add per pair and pass
-        n = r["size"]["n"]
-        assert r["floor"]["counts"]["cmp_select_add"] == n * n * (n - 1)
-        assert r["floor"]["work_unit"] in ("cmp_select_add", "fp32")
+    for r in recs:   # the CPU floor of a Kendall pair: one compare+select+add per pair and pass
+        if r["op"] == "kendall" and r["impl"] == "native" and r["status"] == "ok" and r["mode"] == "forward+backward":
+            n = r["size"]["n"]
+            assert r["floor"]["counts"]["cmp_select_add"] == n * n * (n - 1)
+    md = payloads["sweep"][0].with_suffix(".md").read_text()
+    assert "### smooth_ndcg: forward+backward" in md and "| reference / native |" in md
+    assert payloads["sweep"][0].with_suffix(".png").stat().st_size > 1000
 
 
-# ---------------------------------------------------------------- the per-call case (issue 11)
-
-PERCALL_OPS = {"smooth_ndcg", "kendall", "kendall_sw", "fast_rerank"}
-
-
-@pytest.fixture(scope="module")
-def percall_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("percall")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks"), "--case", "percall", "--quick",
-                           "--device", "cpu", "--out", str(out), "--name", "pc"],
-                          cwd=out, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc
-
-
-def test_percall_quick_writes_json_and_markdown(percall_run):
-    out, proc = percall_run
-    md = (out / "pc.md").read_text()
-    assert "| op | size | native | reference | compiled | trivial |" in md
-    assert "native / trivial" in md and "reference / native" in md
-    assert "CPU threads: torch 1" in md and "single-threaded" in md
-    assert "wrote:" in proc.stdout
-
-
-def test_percall_quick_records(percall_run):
-    out, _ = percall_run
-    data = json.loads((out / "pc.json").read_text())
-    assert data["case"] == "percall" and data["device"] == "cpu" and data["config"]["quick"] is True
-    assert data["config"]["threads"]["torch"] == 1
+def test_quick_percall_runs_one_thread_against_the_trivial_op(quick_run):
+    _, _, _, payloads = quick_run
+    path, data = payloads["percall"]
+    assert data["config"]["threads"]["torch"] == 1   # the per-call case measures one core
     if data["machine"]["fastrank_backends"].get("cpu"):
         assert data["config"]["threads"]["fastrank_openmp"] == 1
     recs = data["results"]
-    assert {r["op"] for r in recs} == PERCALL_OPS
-    assert {r["impl"] for r in recs} == {"native", "reference", "compiled", "trivial"}  # no CUDA graph on CPU
+    assert {"smooth_ndcg", "kendall", "kendall_sw", "fast_rerank"} <= {r["op"] for r in recs}
+    assert {r["impl"] for r in recs} == {"native", "reference", "compiled", "trivial"}   # no CUDA graph on CPU
     by = {(r["op"], r["size_label"], r["impl"]): r for r in recs}
-    assert ("smooth_ndcg", "4 x 4", "trivial") in by and ("fast_rerank", "100 x 500", "native") in by
-    for r in recs:
-        assert r["mode"] == "forward+backward" and r["dtype"] == "float32"
-        if r["impl"] == "compiled":
-            assert r["status"] == "skipped" and "--quick" in r["reason"], r
+    trivial = by[("smooth_ndcg", "4 x 4", "trivial")]
+    assert trivial["status"] == "ok" and trivial["time"]["calls_per_sample"] >= 1
+    native = by[("smooth_ndcg", "4 x 4", "native")]
+    md = path.with_suffix(".md").read_text()
+    if native["status"] == "ok":
+        ratio = native["time"]["median_s"] / trivial["time"]["median_s"]
+        row = next(line for line in md.splitlines() if line.startswith("| 4 x 4 |"))
+        assert f"{ratio:.3g}x" in row, row
+    assert "| native / trivial | reference / native |" in md
+
+
+def test_quick_slate_checks_values_and_measures_both_sides(quick_run):
+    _, _, _, payloads = quick_run
+    recs = payloads["slate"][1]["results"]
+    ours = [r for r in recs if r["impl"] == "fastrank"]
+    assert len(ours) == 2
+    for r in ours:
+        assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 1e-5
+        assert 0.1 < r["size"]["padding"] < 0.5
+    assert all(r["status"] == "ok" for r in recs if r["impl"] in ("fastrank", "allrank"))
+
+
+def test_quick_metrics_and_the_peer_case(quick_run):
+    _, _, _, payloads = quick_run
+    metrics = payloads["metrics"][1]["results"]
+    assert {r["op"] for r in metrics} >= {"recall_at_k", "ndcg", "kendall_tau", "evaluate with relevance"}
+    assert all(r["status"] == "ok" and r["time"]["cpu_median_s"] > 0 for r in metrics)
+    assert any(r["op"] == "kendall_tau" and r["impl"] == "scipy" for r in metrics)
+    for r in payloads["pml_smooth_ap"][1]["results"]:   # skipped until the op and the package are there
+        assert r["status"] == "ok" or r["reason"], r
+
+
+def test_quick_cpu_kernels_times_the_kernels_beside_the_public_call(quick_run):
+    _, _, _, payloads = quick_run
+    recs = payloads["cpu_kernels"][1]["results"]
+    by = {(r["op"], r["mode"], r["impl"]): r for r in recs}
+    assert set(by) == {(op, p, impl) for op, p in (("smooth_ndcg", "forward"), ("kendall_sw", "forward"),
+                                                   ("kendall_sw", "backward"))
+                       for impl in ("kernel", "public call")}
+    public = by[("kendall_sw", "backward", "public call")]
+    kernel = by[("kendall_sw", "backward", "kernel")]
+    assert public["status"] == "ok"
+    assert kernel["status"] == "ok" or "compiler" in kernel["reason"] or "building" in kernel["reason"], kernel
+
+
+def test_list_names_every_case_and_its_file(bench):
+    out = subprocess.run([sys.executable, str(BENCH), "--list"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name, case in bench.cases.CASES.items():
+        assert f"benchmarks/cases/{name}.py" in out.stdout and case.about in out.stdout
+        assert (BENCH / "cases" / f"{name}.py").is_file()
+
+
+# ---------------------------------------------------------------- imports
+
+def _imports(path: Path, package: str) -> set:
+    """The benchmarks modules a file imports (absolute or relative), as dotted names."""
+    mod = ".".join(path.relative_to(BENCH.parent).with_suffix("").parts)
+    if path.name == "__init__.py":
+        mod = mod.rsplit(".", 1)[0]
+        pkg = mod
+    else:
+        pkg = mod.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == package}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != package:
+                continue
+            out.add(target)
+            out |= {f"{target}.{a.name}" for a in node.names}   # `from . import report` imports a module
+    return out
+
+
+def import_graph() -> dict:
+    files = [p for p in BENCH.rglob("*.py") if "results" not in p.parts]
+    mods = {}
+    for p in files:
+        name = ".".join(p.relative_to(BENCH.parent).with_suffix("").parts)
+        mods[name[: -len(".__init__")] if name.endswith(".__init__") else name] = p
+    return {m: sorted(i for i in _imports(p, "benchmarks") if i in mods and i != m) for m, p in mods.items()}
+
+
+def find_cycle(graph: dict):
+    """A list of modules forming an import cycle, or None."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in graph.get(m, ()):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                cycle = visit(n)
+                if cycle:
+                    return cycle
+        state[m] = "done"
+        stack.pop()
+        return None
+
+    for m in graph:
+        if m not in state:
+            cycle = visit(m)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": ["b"], "b": [], "c": ["a", "b"]}) is None
+
+
+def test_benchmarks_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "benchmarks.harness" in graph and "benchmarks.cases.sweep" in graph
+    assert "benchmarks.harness" in graph["benchmarks.cases.sweep"]
+    assert find_cycle(graph) is None, find_cycle(graph)
+
+
+def test_cases_import_the_harness_never_the_other_way_round():
+    graph = import_graph()
+    top = {"benchmarks.cli", "benchmarks.__main__", "benchmarks.cases"}
+    for mod, deps in graph.items():
+        if mod in top or mod.startswith("benchmarks.cases."):
             continue
-        if r["impl"] == "native" and r["status"] != "ok":   # a source tree without the built module
-            assert r["reason"].startswith("native kernels unavailable"), r
-            continue
-        assert r["status"] == "ok", (r["op"], r["impl"], r["reason"], r.get("traceback"))
-        t = r["time"]
-        assert 0 < t["min_s"] <= t["p25_s"] <= t["median_s"] <= t["p75_s"] <= t["max_s"]
-        assert t["repeats"] >= 3 and t["calls_per_sample"] >= 1 and r["first_call_s"] > 0
-    for r in recs:
-        if r["impl"] == "native" and r["status"] == "ok":
-            ratios = r["ratios"]
-            assert ratios["native_over_trivial"] > 0 and ratios["reference_over_native"] > 0
-            assert ratios["compiled_over_native"] is None          # compiled not run in --quick
-            trivial = by[(r["op"], r["size_label"], "trivial")]["time"]["median_s"]
-            assert ratios["native_over_trivial"] == pytest.approx(r["time"]["median_s"] / trivial)
+        assert not [d for d in deps if d in top or d.startswith("benchmarks.cases")], (mod, deps)
 
 
-def test_breadth_order_covers_every_op_before_large_sizes(monkeypatch):
-    # benchmarks/ is a folder of the checkout, not an installed package: import it from the
-    # checkout (CI runs the installed fastrank with no PYTHONPATH), fastrank first so that the
-    # installed package, with its native modules, stays the one in use.
-    import fastrank  # noqa: F401
-    monkeypatch.syspath_prepend(str(ROOT))
-    from benchmarks.harness import OpBench, case_order
+# ---------------------------------------------------------------- published numbers
 
-    def spec(name, ns):
-        return OpBench(name=name, impls={}, sizes={"cpu": [{"n": n, "m": n} for n in ns]},
-                       make_inputs=None, work=None, est_bytes=None, modes=("forward+backward", "forward"))
-    prepared = [(spec("a", (1, 2, 3)), {}), (spec("b", (10, 20)), {})]
+def test_results_are_in_one_layout_and_their_markdown_is_current(bench):
+    names = "|".join(bench.cases.CASES)
+    pattern = re.compile(rf"^(cpu|cuda)-\d{{4}}-\d{{2}}-\d{{2}}-({names})(-[\w.+-]+)?\.(json|md|png)$")
+    files = [p for p in (BENCH / "results").iterdir() if p.is_file()]
+    assert files
+    for p in files:
+        assert pattern.match(p.name), p.name
+        if p.suffix == ".json":
+            data = json.loads(p.read_text())
+            assert data["schema"] == 2 and p.name.split("-")[4].split(".")[0] == data["case"], p.name
+            assert p.with_suffix(".md").read_text() == bench.report.result_markdown(p), \
+                f"{p.with_suffix('.md').name} is stale: python -m benchmarks report {p}"
+
+
+def test_readme_tables_are_generated_from_their_result_files(bench):
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    blocks = bench.report.MARKER.findall(text)
+    assert len(blocks) >= 5
+    for block in blocks:   # every table names a result file that exists
+        spec = bench.report.parse_spec(block[1])
+        assert (ROOT / spec["file"]).is_file(), spec["file"]
+        assert f"From [`{spec['file']}`]" in block[2]
+    assert bench.report.render_markdown(text, ROOT) == text, \
+        "README tables differ from their JSON: python -m benchmarks report README.md"
+    # ... and the check can fail: a number changed by hand is put back
+    first = bench.report.MARKER.search(text)
+    body = first.group("body")
+    edited = text.replace(body, re.sub(r"\d+(\.\d+)? ms", "1.23 ms", body, count=1), 1)
+    assert edited != text and bench.report.render_markdown(edited, ROOT) == text
+
+
+def test_no_issue_numbers_in_the_benchmarks_and_their_docs():
+    files = [p for p in BENCH.rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".sh", ".json", ".cpp")]
+    files += [ROOT / "README.md", Path(__file__)]
+    hits = [f"{p}: {m.group(0)}" for p in files for m in re.finditer(r"issue[- ]\d+", p.read_text(), re.I)]
+    assert not hits, hits
+
+
+def test_breadth_order_covers_every_op_before_large_sizes(bench):
+    from benchmarks.harness import case_order
+    from benchmarks.ops import Op
+
+    def op(name, ns):
+        return Op(name=name, about="", impls={}, inputs=None, sizes={"cpu": [{"n": n, "m": n} for n in ns]},
+                  work=None, est_bytes=None, modes=("forward+backward", "forward"))
+    prepared = [(op("a", (1, 2, 3)), {}), (op("b", (10, 20)), {})]
     modes = ["forward", "forward+backward"]
-    breadth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, "cpu", "breadth")]
+    sizes = lambda o: o.sizes["cpu"]  # noqa: E731
+    breadth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, sizes, "breadth")]
     assert breadth == [("a", "forward+backward", 1), ("b", "forward+backward", 10), ("a", "forward", 1),
                        ("b", "forward", 10), ("a", "forward+backward", 2), ("b", "forward+backward", 20),
                        ("a", "forward", 2), ("b", "forward", 20), ("a", "forward+backward", 3),
                        ("a", "forward", 3)]
-    depth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, "cpu", "depth")]
+    depth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, sizes, "depth")]
     assert depth[:3] == [("a", "forward+backward", 1), ("a", "forward+backward", 2), ("a", "forward+backward", 3)]
     assert sorted(depth) == sorted(breadth)

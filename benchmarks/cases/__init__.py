@@ -1,0 +1,10 @@
+"""The cases of ``python -m benchmarks``, one file each, named as ``--list`` names them.
+
+In the order a full run takes them: the ceilings first (cheap, and the other cases'
+floors come from the same measurements), then the per-call case, the size sweep, the
+peer comparisons, the metrics, and the kernels without Python.
+"""
+from . import cpu_kernels, floors, metrics, percall, pml_smooth_ap, slate, sweep
+
+CASES = {case.name: case for case in (floors.CASE, percall.CASE, sweep.CASE, slate.CASE,
+                                      pml_smooth_ap.CASE, metrics.CASE, cpu_kernels.CASE)}

@@ -1,0 +1,307 @@
+"""percall: what ONE training step of a loss costs at the batch sizes people train with,
+where fixed costs (validation, dispatch, launches, host syncs, Python) dominate the work.
+
+    python -m benchmarks percall                    # CPU: one thread unless --threads N
+    python -m benchmarks percall --impls native,reference,trivial --samples 9
+    python -m benchmarks percall --device cuda      # adds the CUDA-graph column
+
+One step is ``sim.grad = None; loss(sim, relevance).backward()``, float32,
+direction="both", reduction="mean", for every op of ops.py with ``percall_sizes``
+(smooth_ndcg, kendall, kendall_sw at N = M = 4, 8, 128, 512; fast_rerank at 100 x 500 and
+1000 x 5000, its scalar ``i2t.sum() + t2i.sum()``). Columns:
+
+- ``native``: the public function, ``impl="native"``, eager;
+- ``reference``: ``impl="reference"``, eager PyTorch;
+- ``compiled``: ``torch.compile`` of the whole reference step (default mode, static shapes:
+  one compilation per size, as with a fixed batch; ``fullgraph=True``, or where that fails
+  graph breaks allowed and the failure noted); the compiling first call is not in the time;
+- ``trivial``: ``(sim * relevance).mean()`` on the same tensors (an op without relevance:
+  a random tensor of sim's shape): the cheapest autograd step, the yardstick of fixed costs;
+- ``cuda_graph`` (CUDA only): the native step captured once in a CUDA graph (torch's
+  whole-network recipe: three warm-up steps on a side stream, grads set to None, capture);
+  ``graph.replay()`` is timed; a capture failure is the result.
+
+Timing: timing.autorange (samples of k back-to-back calls; median per call over the
+samples). The cheap columns of every size run first, breadth-first, and the compilations
+last, so a ``--time-limit`` cuts compilations first. On the CPU this case runs on one
+thread unless ``--threads`` says otherwise (torch and fastrank's OpenMP): it measures a
+core's fixed costs.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+import fastrank
+
+from .. import baselines
+from ..case import Case, payload
+from ..harness import record_error
+from ..memory import available_bytes
+from ..ops import OPS, Op
+from ..results import loadavg, machine_info
+from ..tables import fmt_bytes, fmt_time
+from ..timing import autorange, sync
+
+COLUMNS = ("native", "reference", "compiled", "trivial", "cuda_graph")
+RATIOS = ["native/trivial", "reference/native", "compiled/native", "native/cuda_graph"]
+QUICK_SKIP = "not run in --quick (torch.compile takes about a minute)"
+
+
+class _Skip(Exception):
+    """A case not run, with the reason recorded."""
+
+
+class _Failed(Exception):
+    """A case that ran and failed in a way that is its result (a CUDA-graph capture)."""
+
+
+@dataclass
+class Settings:
+    sample_s: float = 0.02        # one sample: k calls taking about this long
+    samples: int = 25             # samples per case (at most)
+    min_samples: int = 3
+    case_s: float = 5.0           # stop sampling after this long (once min_samples are in)
+    mem_fraction: float = 0.5
+    deadline: Optional[float] = None
+
+
+# ------------------------------------------------------------------ the columns
+
+def _step(loss, inputs):
+    sim = inputs["sim"]
+
+    def step():
+        sim.grad = None
+        loss(**inputs).backward()
+    return step
+
+
+def _scalar(op: Op, fn):
+    return lambda **inputs: op.scalar(fn(**inputs))
+
+
+def _trivial_inputs(inputs):
+    sim = inputs["sim"]
+    weight = inputs.get("relevance")
+    return {"sim": sim, "weight": weight if weight is not None and weight.shape == sim.shape
+            else torch.rand_like(sim, requires_grad=False)}
+
+
+def _trivial(sim, weight):
+    return (sim * weight).mean()
+
+
+def _graph_step(loss, inputs, device):
+    """torch's whole-network CUDA-graph recipe around loss(**inputs).backward()."""
+    sim = inputs["sim"]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            sim.grad = None
+            loss(**inputs).backward()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    sim.grad = None            # backward() allocates .grad from the graph's private pool
+    try:
+        with torch.cuda.graph(graph):
+            static_loss = loss(**inputs)
+            static_loss.backward()
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - a capture failure is the result
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001
+            pass
+        raise _Failed("capture failed: " + f"{type(e).__name__}: {e}".splitlines()[0][:240]) from e
+
+    def step():
+        graph.replay()
+    step.keep = (graph, static_loss)   # the graph's output stays alive with the step
+    return step
+
+
+class _Compiled:
+    """torch.compile of the reference step, fullgraph when the op allows it."""
+
+    def __init__(self):
+        baselines.raise_recompile_limit()
+        self.fullgraph_failed: Dict[str, str] = {}
+        self.longest_compile_s = 0.0
+
+    def step(self, op: Op, inputs, rec):
+        """(step, seconds of its compiling first call, or None when the first call is
+        measure()'s): fullgraph=True first; where that fails, graph breaks allowed."""
+        ref = op.impls["reference"]()
+        if op.name not in self.fullgraph_failed:
+            step = _step(torch.compile(_scalar(op, ref), fullgraph=True, dynamic=False), inputs)
+            try:
+                t0 = time.perf_counter()
+                step()
+                sync(inputs["sim"].device)
+                return step, time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001
+                self.fullgraph_failed[op.name] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        rec["note"] = "fullgraph=True failed (" + self.fullgraph_failed[op.name] + "); graph breaks allowed"
+        return _step(torch.compile(_scalar(op, ref), fullgraph=False, dynamic=False), inputs), None
+
+
+# ------------------------------------------------------------------ one cell
+
+def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled: _Compiled) -> dict:
+    rec = {"op": op.name, "impl": impl, "mode": "forward+backward", "size": dict(size),
+           "size_label": op.size_label(size), "x": op.x_of(size), "device": str(device),
+           "dtype": str(dtype).replace("torch.", ""), "status": "ok", "reason": None, "note": None,
+           "time": None, "first_call_s": None, "loadavg": loadavg()}
+    wall0 = time.perf_counter()
+    inputs = None
+    try:
+        if op.missing():
+            raise _Skip(op.missing())
+        if impl == "cuda_graph" and device.type != "cuda":
+            raise _Skip("CUDA only")
+        now = time.monotonic()
+        if st.deadline is not None and now > st.deadline:
+            raise _Skip("run time limit reached")
+        if impl == "compiled" and st.deadline is not None and st.deadline - now < compiled.longest_compile_s:
+            raise _Skip(f"run time limit reached (under {compiled.longest_compile_s:.0f} s left for a compilation)")
+        if impl in ("reference", "compiled"):
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            need = op.est_bytes(impl, "forward+backward", size, itemsize)
+            budget = st.mem_fraction * available_bytes(device)
+            if need > budget:
+                raise _Skip(f"would not fit: needs ~{fmt_bytes(need)}, budget {fmt_bytes(budget)}")
+        torch.manual_seed(0)
+        inputs = op.inputs(size, device, dtype, True)
+        compile_s = None
+        if impl in ("native", "reference"):
+            step = _step(_scalar(op, op.impls[impl]()), inputs)
+        elif impl == "trivial":
+            inputs = _trivial_inputs(inputs)
+            step = _step(_trivial, inputs)
+        elif impl == "cuda_graph":
+            step = _graph_step(_scalar(op, op.impls["native"]()), inputs, device)
+        else:
+            step, compile_s = compiled.step(op, inputs, rec)
+        rec.update(autorange(step, device, st.sample_s, st.samples, st.min_samples, st.case_s))
+        if impl == "compiled":
+            if compile_s is not None:     # the compiling call ran before autorange()
+                rec["first_call_s"] = compile_s
+            compiled.longest_compile_s = max(compiled.longest_compile_s, rec["first_call_s"])
+    except _Skip as s:
+        rec["status"], rec["reason"] = "skipped", str(s)
+    except _Failed as f:
+        rec["status"], rec["reason"] = "error", str(f)
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        record_error(rec, e)
+    finally:
+        inputs = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rec["wall_s"] = time.perf_counter() - wall0
+    return rec
+
+
+def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None):
+    """(op, impl, size): breadth-first (every op's smallest size first), the cheap columns
+    of every size before any torch.compile (a time limit cuts compilations first)."""
+    sizes = {op.name: [s for s in (op.percall_quick_sizes if quick else op.percall_sizes)
+                       if max_n is None or op.x_of(s) <= max_n] for op in ops}
+    rounds = max((len(v) for v in sizes.values()), default=0)
+    out = []
+    for phase in (("native", "trivial", "cuda_graph", "reference"), ("compiled",)):
+        for i in range(rounds):
+            for op in ops:
+                if i < len(sizes[op.name]):
+                    out += [(op, c, sizes[op.name][i]) for c in phase if c in columns]
+    return out
+
+
+def _line(r: dict) -> str:
+    head = f"percall {r['op']:<12} {r['size_label']:>12} {r['impl']:<10}"
+    if r["status"] != "ok":
+        return f"{head} {r['status']}: {r['reason']}"
+    t = r["time"]
+    return (f"{head} {fmt_time(t['median_s']):>9}  [{fmt_time(t['p25_s'])}, {fmt_time(t['p75_s'])}]  "
+            f"{t['repeats']} x {t['calls_per_sample']} calls; first call {fmt_time(r['first_call_s'])}")
+
+
+def run(args, device, save):
+    t0 = time.monotonic()
+    ops = [op for op in OPS.values() if op.percall_sizes]
+    if args.ops:
+        unknown = [n for n in args.ops if n not in {op.name for op in ops}]
+        if unknown:
+            raise SystemExit(f"percall: unknown op(s) {unknown}; choose from {', '.join(op.name for op in ops)}")
+        ops = [op for op in ops if op.name in args.ops]
+    columns = args.impls or list(COLUMNS)
+    bad = [c for c in columns if c not in COLUMNS]
+    if bad:
+        raise SystemExit(f"percall: unknown column(s) {bad}; choose from {', '.join(COLUMNS)}")
+    if device.type != "cuda":
+        columns = [c for c in columns if c != "cuda_graph"]
+    else:
+        torch.cuda.set_device(device)   # events, streams and graphs on this device
+    dtype = getattr(torch, args.dtype)
+    st = Settings(mem_fraction=args.mem_fraction)
+    if args.quick:
+        st.sample_s, st.samples, st.case_s = 0.002, 5, 0.2
+    st.sample_s = args.sample_time or st.sample_s
+    st.samples = args.samples or st.samples
+    st.case_s = args.case_time or st.case_s
+    compiled = _Compiled()
+    if args.time_limit:
+        st.deadline = time.monotonic() + args.time_limit
+        compiled.longest_compile_s = min(30.0, 0.2 * args.time_limit)   # a guess, before one is measured
+    run_columns = [c for c in columns if not (args.quick and c == "compiled")]
+    cases = plan(ops, run_columns, args.quick, args.max_n)
+
+    machine = machine_info(device)
+    threads = {"torch": torch.get_num_threads(), "fastrank_openmp": fastrank.backends().get("cpu_openmp_threads")}
+    print(f"percall on {device}: torch threads {threads['torch']}, fastrank OpenMP threads "
+          f"{threads['fastrank_openmp']}", flush=True)
+    records: List[dict] = []
+    if args.quick and "compiled" in columns:
+        for op, _, size in plan(ops, ["native"], True, args.max_n):
+            records.append({"op": op.name, "impl": "compiled", "mode": "forward+backward", "size": dict(size),
+                            "size_label": op.size_label(size), "x": op.x_of(size), "device": str(device),
+                            "dtype": args.dtype, "status": "skipped", "reason": QUICK_SKIP, "note": None,
+                            "time": None, "first_call_s": None})
+    conf = {"quick": args.quick, "ops": [op.name for op in ops], "columns": columns, "dtype": args.dtype,
+            "threads": threads, "sample_s": st.sample_s, "samples": st.samples, "min_samples": st.min_samples,
+            "case_s": st.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n,
+            "direction": "both", "reduction": "mean",
+            "compile": "torch.compile(reference step, fullgraph=True, dynamic=False), default mode"}
+    report = {"baselines": {op.name: "reference" for op in ops}, "ratios": RATIOS,
+              "x_names": {op.name: op.x_name for op in ops},
+              "method": ["one call = `sim.grad = None; loss(sim, relevance).backward()`, direction=both, "
+                         "reduction=mean; fast_rerank: `(i2t.sum() + t2i.sum()).backward()`; "
+                         "trivial = `(sim * relevance).mean().backward()`",
+                         f"cells: median per call over up to {st.samples} samples of k back-to-back calls "
+                         f"(~{st.sample_s * 1e3:g} ms each); peak memory is not measured here",
+                         f"compiled: {conf['compile']}; its first call (compilation) is not in the time; "
+                         f"CPU threads: torch {threads['torch']}, fastrank OpenMP {threads['fastrank_openmp']}"]}
+
+    def current(done):
+        order = {c: i for i, c in enumerate(COLUMNS)}
+        recs = sorted(records, key=lambda r: ([op.name for op in ops].index(r["op"]), r["x"],
+                                              r["size"].get("m", 0), order.get(r["impl"], 99)))
+        return payload("percall", device, conf, recs, report, machine, t0, complete=done,
+                       compile_fullgraph_failures=compiled.fullgraph_failed)
+
+    gc.freeze()
+    for op, impl, size in cases:
+        rec = run_one(op, impl, size, device, dtype, st, compiled)
+        records.append(rec)
+        print(_line(rec), flush=True)
+        save(current(False))
+    return current(True)
+
+
+CASE = Case("percall", "one training step (forward+backward) at N = 4..512 against the trivial op, the eager "
+                       "reference, torch.compile(reference) and (CUDA) a CUDA graph", run, cpu_threads=1)

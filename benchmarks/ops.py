@@ -1,0 +1,400 @@
+"""Every op the benchmarks measure, described once: inputs, the calls that race (native
+kernel, eager reference, torch.compile of it, ...), sizes, memory estimate and floor.
+
+The ``sweep`` case runs every op of :data:`OPS` over its sizes; the ``percall`` case runs
+the ops that have ``percall_sizes``. Adding an op is one entry in :data:`OPS`; for a loss
+with native kernels that is :func:`native_loss` with its public function's name, its
+inputs and its floor counts (see ``smooth_ap`` below). An op whose public function is not
+in fastrank yet (``requires``) is recorded as skipped, with the reason, in every case.
+
+Floor counts (``Op.floor(mode, size, itemsize)``) are what an op cannot avoid: ``bytes``
+that must move (inputs read once, outputs written once), ``exp`` exponentials, ``fp32``
+other float instructions, ``mm_flop`` matmul flops, ``cmp_select_add`` Kendall-like pair
+work; ceilings.py turns them into seconds with the device's measured rates.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import fastrank
+
+from . import baselines
+from .results import MODES
+
+
+@dataclass
+class Op:
+    """One op as the cases see it.
+
+    impls: name -> factory; the factory returns ``fn(**inputs)`` giving a scalar loss or
+      a tuple of tensors (called once per run: a compiled function is reused across sizes).
+    inputs(size, device, dtype, requires_grad) -> dict of tensors (``sim`` first).
+    sizes: "cpu" / "cuda" / "quick" (and "huge" for a one-off size) -> list of size dicts.
+    work(size) -> relative cost, to extrapolate time from one size to the next.
+    est_bytes(impl, mode, size, itemsize) -> estimated peak extra bytes (the memory guard).
+    floor(mode, size, itemsize) -> counts (module docstring), or None without a model.
+    scalar(out) -> the scalar a training step backpropagates (per-call case).
+    """
+    name: str
+    about: str
+    impls: Dict[str, Callable[[], Callable]]
+    inputs: Callable
+    sizes: Dict[str, List[dict]]
+    work: Callable[[dict], float]
+    est_bytes: Callable[[str, str, dict, int], float]
+    floor: Optional[Callable[[str, dict, int], dict]] = None
+    modes: tuple = MODES
+    baseline: str = "reference"
+    size_label: Callable[[dict], str] = lambda s: f"{s['n']} x {s['m']}"
+    x_of: Callable[[dict], float] = lambda s: s["n"]
+    x_name: str = "N (= M)"
+    group: str = ""                 # ops of one group share a plot row (the PyTorch losses)
+    out_bytes: Optional[Callable[[dict, int], float]] = None   # one output matrix: "peak / one output"
+    percall_sizes: tuple = ()       # the per-call case's sizes (training batches)
+    percall_quick_sizes: tuple = ()
+    scalar: Callable = lambda out: out
+    requires: str = ""              # the fastrank function it needs; skipped while it is missing
+    notes: str = ""
+
+    def missing(self) -> Optional[str]:
+        """Why the op cannot run at all in this fastrank, or None."""
+        if self.requires and not hasattr(fastrank, self.requires):
+            return f"fastrank has no {self.requires} yet"
+        return None
+
+
+# ------------------------------------------------------------------ shared pieces
+
+def square(*ns) -> List[dict]:
+    return [{"n": n, "m": n} for n in ns]
+
+
+def graded_inputs(size, device, dtype, requires_grad):
+    """sim uniform in [-1, 1) and relevance in [0, 1) (diagonal 1 when square)."""
+    n, m = size["n"], size["m"]
+    sim = (torch.rand(n, m, device=device) * 2 - 1).to(dtype).requires_grad_(requires_grad)
+    rel = torch.rand(n, m, device=device).to(dtype)
+    if n == m:
+        rel.fill_diagonal_(1.0)
+    return {"sim": sim, "relevance": rel}
+
+
+def sim_inputs(size, device, dtype, requires_grad):
+    """sim uniform in [-1, 1) alone (losses whose positives default to the diagonal)."""
+    sim = (torch.rand(size["n"], size["m"], device=device) * 2 - 1).to(dtype)
+    return {"sim": sim.requires_grad_(requires_grad)}
+
+
+def pair_count(n, m):
+    """Unordered pairs of both directions: N*M*(M-1)/2 + M*N*(N-1)/2."""
+    return n * m * (m - 1) / 2 + m * n * (n - 1) / 2
+
+
+def cubic_work(size):
+    return size["n"] * size["m"] * (size["n"] + size["m"])
+
+
+def rw_bytes(mode, n, m, itemsize):
+    """Read sim and relevance; the backward also writes the gradient."""
+    return {"forward": 2, "backward": 3, "forward+backward": 3}[mode] * n * m * itemsize
+
+
+def cubic_est_bytes(impl, mode, size, itemsize):
+    """The references hold (N, M, M) tensors; native O(N*M)."""
+    n, m = size["n"], size["m"]
+    cube = n * m * max(n, m) * itemsize
+    units = {"forward": 3, "backward": 4, "forward+backward": 6}[mode]
+    flat = 8 * n * m * 4
+    if impl in ("reference", "compiled"):
+        return units * cube + flat
+    if impl == "chunked":
+        return units * min(cube, baselines.BLOCK_ELEMENTS * itemsize) + 2 * flat
+    return flat
+
+
+def native_loss(name: str, fn: str, about: str, floor, inputs=graded_inputs, chunked: bool = False,
+                pair_elements=lambda c: c * c, **kw) -> Op:
+    """A loss with native kernels, called as ``fastrank.<fn>(**inputs, impl=...)`` with
+    hyper-parameters ``kw``: native, eager reference, torch.compile of the reference, and
+    (``chunked``) the reference over blocks of queries under checkpoint. The function is
+    looked up at call time, so the op follows what fastrank exports. Keywords that are
+    Op fields (sizes, work, notes, ...) go to the Op, the others to the function."""
+    fields = {k: kw.pop(k) for k in list(kw) if k in Op.__dataclass_fields__}
+
+    def public(impl):
+        return functools.partial(getattr(fastrank, fn), impl=impl, **kw)
+
+    impls = {"native": lambda: public("native"),
+             "reference": lambda: public("reference"),
+             "compiled": lambda: baselines.compiled(getattr(fastrank, fn), **kw)}
+    if chunked:
+        impls["chunked"] = lambda: baselines.chunked_per_query(getattr(fastrank, fn), pair_elements, **kw)
+    defaults = dict(
+        sizes={"cpu": square(64, 128, 256, 512, 1024, 2048),
+               "cuda": square(256, 512, 1024, 2048, 4096, 8192, 16384),
+               "quick": square(16, 128)},
+        work=cubic_work, est_bytes=cubic_est_bytes,
+        percall_sizes=square(4, 8, 128, 512), percall_quick_sizes=square(4, 8))
+    return Op(name=name, about=about, impls=impls, inputs=inputs, floor=floor, requires=fn,
+              **{**defaults, **fields})
+
+
+# ------------------------------------------------------------------ smooth_ndcg, kendall, kendall_sw
+
+def smooth_ndcg_floor(mode, size, itemsize):
+    """one exp per unordered pair per pass (sigma(-x) = 1 - sigma(x)); the forward is one
+    pass, the backward one more (it needs the finished DCG)."""
+    n, m = size["n"], size["m"]
+    passes = {"forward": 1, "backward": 1, "forward+backward": 2}[mode]
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "exp": passes * pair_count(n, m)}
+
+
+def kendall_floor(mode, size, itemsize):
+    """one pass of the pairs (the hinge's gradient is known in the forward): ~4 fp32
+    instructions, or one compare+select+add, per unordered pair."""
+    n, m = size["n"], size["m"]
+    pairs = pair_count(n, m) * (0 if mode == "backward" else 1)
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs, "cmp_select_add": pairs}
+
+
+SW_WINDOWS = 18   # round((1 - 0 - 0.1) / 0.05): default label_range, alpha and beta
+
+
+def kendall_sw_floor(mode, size, itemsize):
+    """bytes-bound: one window placement per element and direction."""
+    n, m = size["n"], size["m"]
+    scans = 0 if mode == "backward" else 2 * n * m
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m, "cmp_select_add": scans}
+
+
+def kendall_sw_est_bytes(impl, mode, size, itemsize):
+    n, m = size["n"], size["m"]
+    flat = 8 * n * m * 4
+    if impl in ("reference", "compiled", "chunked"):
+        return 8 * SW_WINDOWS * n * m * itemsize + flat
+    return flat
+
+
+SMOOTH_NDCG = native_loss(
+    "smooth_ndcg", "smooth_ndcg_loss", "smooth-NDCG (SPEC 2.1), tau=0.01: O(N^3) pairs, one exp each",
+    smooth_ndcg_floor, chunked=True, tau=0.01,
+    notes="direction=both, reduction=mean, tau=0.01; floor: N*M*(M-1)/2 exps per direction per pass")
+
+KENDALL = native_loss(
+    "kendall", "kendall_loss", "Kendall, full O(N^3) form (SPEC 2.2), alpha=0.1",
+    kendall_floor, chunked=True,
+    sizes={"cpu": square(64, 128, 256, 512, 1024, 2048), "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192),
+           "quick": square(16, 128)},
+    notes="direction=both, reduction=mean, alpha=0.1; floor: N*M*(M-1)/2 pairs x one compare+select+add "
+          "(or 4 fp32) per direction")
+
+KENDALL_SW = native_loss(
+    "kendall_sw", "kendall_sw_loss", "Kendall with sliding-window hard mining (SPEC 2.3): 18 windows, O(N^2)",
+    kendall_sw_floor, chunked=True, pair_elements=lambda c: SW_WINDOWS * c,
+    sizes={"cpu": square(64, 128, 256, 512, 1024, 2048, 4096),
+           "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192, 16384), "quick": square(16, 128)},
+    work=lambda s: SW_WINDOWS * s["n"] * s["m"], est_bytes=kendall_sw_est_bytes,
+    notes="direction=both, reduction=mean, alpha=0.1, beta=0.05, label_range=(0, 1): 18 windows")
+
+
+# ------------------------------------------------------------------ smooth_ap, recall_at_k (coming)
+
+def smooth_rank_floor(mode, size, itemsize):
+    """the positives' smooth ranks only: with one positive per query (the diagonal),
+    M exps per i2t query and N per t2i query, per pass."""
+    n, m = size["n"], size["m"]
+    passes = {"forward": 1, "backward": 1, "forward+backward": 2}[mode]
+    return {"bytes": {"forward": 1, "backward": 2, "forward+backward": 2}[mode] * n * m * itemsize,
+            "exp": passes * 2 * n * m}
+
+
+SMOOTH_AP = native_loss(
+    "smooth_ap", "smooth_ap_loss", "Smooth-AP (SPEC 2.8), tau=0.01, positives = the diagonal",
+    smooth_rank_floor, inputs=sim_inputs, tau=0.01,
+    notes="direction=both, reduction=mean, tau=0.01, one positive per query")
+
+RECALL_AT_K = native_loss(
+    "recall_at_k", "recall_at_k_loss", "Recall@k surrogate (SPEC 2.9), ks=(1, 2, 4, 8, 16), positives = the diagonal",
+    smooth_rank_floor, inputs=sim_inputs,
+    notes="direction=both, reduction=mean, default ks, tau and tau_k, one positive per query")
+
+
+# ------------------------------------------------------------------ fast_rerank
+
+GAMMA, LAM = (25.0, 25.0), (20.0, 20.0)
+
+
+def _col_norm(s):   # i2t: each column normalised over the images
+    return GAMMA[1] * s - torch.logsumexp(GAMMA[0] * s, dim=0, keepdim=True)
+
+
+def _row_norm(s):   # t2i: each row normalised over the captions
+    return LAM[1] * s - torch.logsumexp(LAM[0] * s, dim=1, keepdim=True)
+
+
+def chunked_rerank(sim):
+    """The SPEC formula in blocks of columns (i2t) and rows (t2i), each under checkpoint."""
+    n, m = sim.shape
+    cb = max(1, baselines.BLOCK_ELEMENTS // n)
+    rb = max(1, baselines.BLOCK_ELEMENTS // m)
+    i2t = torch.cat([checkpoint(_col_norm, sim[:, j:j + cb], use_reentrant=False)
+                     for j in range(0, m, cb)], dim=1)
+    t2i = torch.cat([checkpoint(_row_norm, sim[i:i + rb], use_reentrant=False)
+                     for i in range(0, n, rb)], dim=0)
+    return i2t, t2i
+
+
+def rerank_est_bytes(impl, mode, size, itemsize):
+    nm = size["n"] * size["m"] * itemsize
+    units = {"native": {"forward": 2, "backward": 2, "forward+backward": 3},
+             "chunked": {"forward": 4, "backward": 4, "forward+backward": 6}}.get(
+        impl, {"forward": 5, "backward": 6, "forward+backward": 8})
+    return units[mode] * nm + 8 * (size["n"] + size["m"]) * 4
+
+
+def rerank_floor(mode, size, itemsize):
+    """memory-bound: read sim once, write the two (N, M) outputs (backward: read the two
+    output gradients and sim, write the gradient); 2 N*M exps per pass."""
+    nm = size["n"] * size["m"]
+    elems = {"forward": 3, "backward": 4, "forward+backward": 7}[mode]
+    exps = {"forward": 2, "backward": 2, "forward+backward": 4}[mode]
+    return {"bytes": elems * nm * itemsize, "exp": exps * nm}
+
+
+def _rerank(impl):
+    return lambda: functools.partial(fastrank.fast_rerank, gamma=GAMMA, lam=LAM, impl=impl)
+
+
+FAST_RERANK = Op(
+    name="fast_rerank",
+    about="LogSumExp re-ranking of sim (SPEC 3), N x 5N: memory-bound",
+    impls={"native": _rerank("native"), "reference": _rerank("reference"),
+           "compiled": lambda: baselines.compiled(fastrank.fast_rerank, gamma=GAMMA, lam=LAM),
+           "chunked": lambda: chunked_rerank},
+    inputs=sim_inputs,
+    sizes={"cpu": [{"n": n, "m": 5 * n} for n in (500, 1000, 2000, 5000)],
+           "cuda": [{"n": n, "m": 5 * n} for n in (1000, 2000, 5000, 10000, 20000)],
+           "quick": [{"n": n, "m": 5 * n} for n in (16, 64)]},
+    work=lambda s: s["n"] * s["m"],
+    est_bytes=rerank_est_bytes,
+    floor=rerank_floor,
+    x_name="N (M = 5N)",
+    out_bytes=lambda s, itemsize: s["n"] * s["m"] * itemsize,
+    percall_sizes=({"n": 100, "m": 500}, {"n": 1000, "m": 5000}),
+    percall_quick_sizes=({"n": 100, "m": 500},),
+    scalar=lambda out: out[0].sum() + out[1].sum(),
+    notes="gamma=(25, 25), lam=(20, 20); backward with all-ones output gradients; "
+          "peak / one output: peak extra memory in (N, M) matrices (the op returns two)",
+)
+
+
+# ------------------------------------------------------------------ fast_rerank_topk
+
+TOPK_D, TOPK_K = 64, 10
+
+
+def topk_inputs(size, device, dtype, requires_grad):
+    img = torch.nn.functional.normalize(torch.randn(size["n"], size["d"], device=device), dim=1)
+    txt = torch.nn.functional.normalize(torch.randn(size["m"], size["d"], device=device), dim=1)
+    return {"img_emb": img.to(dtype), "txt_emb": txt.to(dtype)}
+
+
+def _topk(impl):
+    def factory():
+        fn = fastrank.fast_rerank_topk
+        takes_impl = any(p.name == "impl" or p.kind is inspect.Parameter.VAR_KEYWORD
+                         for p in inspect.signature(fn).parameters.values())
+        if not takes_impl:
+            if impl == "reference":
+                raise NotImplementedError("fast_rerank_topk takes no impl= argument")
+            return lambda img_emb, txt_emb: fn(img_emb, txt_emb, TOPK_K)
+        return lambda img_emb, txt_emb: fn(img_emb, txt_emb, TOPK_K, impl=impl)
+    return factory
+
+
+def dense_topk(img_emb, txt_emb):
+    """What a user writes: the whole similarity matrix, normalised, then the top k."""
+    sim = img_emb @ txt_emb.T
+    return _col_norm(sim).topk(TOPK_K, dim=1), _row_norm(sim).topk(TOPK_K, dim=0)
+
+
+def topk_est_bytes(impl, mode, size, itemsize):
+    n, m = size["n"], size["m"]
+    if impl == "dense":
+        return 5 * n * m * itemsize
+    return (n + m) * (16 * TOPK_K + 8) + min(n * m, 1 << 26) * itemsize
+
+
+def topk_floor(mode, size, itemsize):
+    """the similarity matmul twice (the column normalisers need every row before any
+    top-k can be chosen): 4 N*M*d flops; 2 N*M exps."""
+    n, m, d = size["n"], size["m"], size["d"]
+    return {"bytes": (n + m) * d * itemsize + (n + m) * TOPK_K * (8 + itemsize),
+            "mm_flop": 4.0 * n * m * d, "exp": 2.0 * n * m}
+
+
+def _topk_sizes(*ns):
+    return [{"n": n, "m": 5 * n, "d": TOPK_D} for n in ns]
+
+
+FAST_RERANK_TOPK = Op(
+    name="fast_rerank_topk",
+    about="top-k re-ranking from embeddings in blocks (SPEC 3), N x 5N, d=64, k=10, forward",
+    impls={"native": _topk("native"), "reference": _topk("reference"), "dense": lambda: dense_topk},
+    inputs=topk_inputs,
+    sizes={"cpu": _topk_sizes(1000, 5000, 10000), "cuda": _topk_sizes(5000, 20000, 50000),
+           "quick": _topk_sizes(16, 64), "huge": _topk_sizes(100000)},
+    work=lambda s: s["n"] * s["m"] * s["d"],
+    est_bytes=topk_est_bytes,
+    floor=topk_floor,
+    modes=("forward",),
+    baseline="dense",
+    size_label=lambda s: f"{s['n']} x {s['m']}, d={s['d']}",
+    x_name="N (M = 5N, d = 64)",
+    notes="k=10; default gamma/lam of fast_rerank_topk; dense uses gamma=(25, 25), lam=(20, 20)",
+)
+
+
+# ------------------------------------------------------------------ the PyTorch losses
+
+def pytorch_loss(name: str, about: str, call: Callable) -> Op:
+    """A pure-PyTorch loss (no kernels), eager and under torch.compile: the price a
+    listwise loss is compared against."""
+    def compiled():
+        baselines.raise_recompile_limit()
+        return torch.compile(call, dynamic=True)
+    return Op(
+        name=name, about=about, impls={"eager": lambda: call, "compiled": compiled},
+        inputs=graded_inputs,
+        sizes={"cpu": square(128, 512, 2048), "cuda": square(512, 2048, 8192), "quick": square(32)},
+        work=lambda s: s["n"] * s["m"],
+        est_bytes=lambda impl, mode, s, itemsize: 16 * s["n"] * s["m"] * max(itemsize, 4),
+        modes=("forward+backward", "forward"), baseline="eager", group="losses",
+        notes="pure PyTorch; default hyper-parameters, direction=both, reduction=mean")
+
+
+def _triplet(mining):
+    return lambda sim, relevance: fastrank.triplet_loss(sim, mining=mining)
+
+
+# In priority order: with a time limit, what comes first is what gets measured.
+OPS: Dict[str, Op] = {op.name: op for op in (
+    SMOOTH_NDCG,
+    KENDALL_SW,
+    FAST_RERANK,
+    KENDALL,
+    FAST_RERANK_TOPK,
+    SMOOTH_AP,
+    RECALL_AT_K,
+    pytorch_loss("triplet_hardest", "VSE++ triplet, hardest negative (SPEC 2.4)", _triplet("hardest")),
+    pytorch_loss("triplet_soft", "triplet, LogSumExp-softened negatives (SPEC 2.4)", _triplet("soft")),
+    pytorch_loss("triplet_all", "triplet over all negatives (SPEC 2.4)", _triplet("all")),
+    pytorch_loss("ladder", "ladder loss, hard rungs (SPEC 2.5)", lambda sim, relevance: fastrank.ladder_loss(sim, relevance)),
+    pytorch_loss("topk", "top-k negatives triplet (SPEC 2.6)", lambda sim, relevance: fastrank.topk_loss(sim)),
+)}

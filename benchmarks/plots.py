@@ -1,0 +1,86 @@
+"""The picture of a result: speed-up and peak memory against N, log scales, one line per
+implementation, the floor drawn.
+
+One PNG per result file, one row per op (the PyTorch losses share a row), in the op's
+headline mode (forward+backward where it has one). Left: speed-up over the case's
+baseline for that op (baseline median / median; the baseline is the line at 1), and the
+floor as the speed-up an implementation running at the floor would have (dashed): the
+gap between a line and it is what is left to gain. Right: peak extra memory.
+The speed-up is drawn where the baseline ran (a reference that does not fit has none),
+the memory at every size measured. Ops measured at fewer than two sizes, or without a
+baseline, are left out.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Optional
+
+from .results import MODES
+
+
+def _rows(payload: dict):
+    recs = payload["results"]
+    baselines = (payload.get("report") or {}).get("baselines") or {}
+    rows = OrderedDict()
+    for op in OrderedDict.fromkeys(r["op"] for r in recs):
+        ok = [r for r in recs if r["op"] == op and r["status"] == "ok"]
+        mode = next((m for m in MODES if any(r["mode"] == m for r in ok)), None)
+        ok = [r for r in ok if r["mode"] == mode]
+        if len({r["x"] for r in ok}) < 2 or baselines.get(op) not in {r["impl"] for r in ok}:
+            continue
+        group = next((r.get("group") for r in ok if r.get("group")), op)
+        rows.setdefault(group, []).append((op, mode, ok))
+    return rows
+
+
+def plot(payload: dict, path: Path) -> Optional[Path]:
+    """Write the PNG; None (and no file) when there is nothing to draw."""
+    rows = _rows(payload)
+    if not rows:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    baselines = payload["report"]["baselines"]
+    x_names = payload["report"].get("x_names") or {}
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.6 * len(rows)), squeeze=False)
+    for row, (group, members) in enumerate(rows.items()):
+        ax_s, ax_m = axes[row]
+        several = len(members) > 1
+        for op, mode, ok in members:
+            base = {r["size_label"]: r["time"]["median_s"] for r in ok if r["impl"] == baselines[op]}
+            floor = []
+            for i, impl in enumerate(OrderedDict.fromkeys(r["impl"] for r in ok)):
+                every = sorted((r for r in ok if r["impl"] == impl), key=lambda r: r["x"])
+                rs = [r for r in every if r["size_label"] in base]    # a speed-up needs the baseline's time
+                label = f"{op} ({impl})" if several else impl
+                color = f"C{(len(ax_s.lines) if several else i) % 10}"
+                ax_s.plot([r["x"] for r in rs], [base[r["size_label"]] / r["time"]["median_s"] for r in rs],
+                          marker="o", label=label, color=color)
+                mem = [(r["x"], r["memory"]["peak_bytes"]) for r in every
+                       if (r.get("memory") or {}).get("peak_bytes")]
+                if mem:
+                    ax_m.plot([a for a, _ in mem], [b / 2 ** 20 for _, b in mem], marker="o", label=label, color=color)
+                floor += [(r["x"], base[r["size_label"]] / r["floor"]["floor_s"]) for r in rs
+                          if (r.get("floor") or {}).get("floor_s")]
+            if floor:
+                floor = sorted(dict(floor).items())
+                ax_s.plot([a for a, _ in floor], [b for _, b in floor], "k--", linewidth=1,
+                          label=f"{op}: floor" if several else "floor")
+        title = f"{group}: {members[0][1]} ({payload['device']}, {payload['created'][:10]})"
+        for ax, ylabel in ((ax_s, f"speed-up over {baselines[members[0][0]]}"), (ax_m, "peak extra memory (MiB)")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel(x_names.get(members[0][0], "N"))
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
