@@ -129,9 +129,9 @@ def check_relevance_values(relevance: torch.Tensor, *, minimum: Optional[float] 
     where = f" for {loss}" if loss else ""
     if minimum is not None and lo < minimum:
         raise ValueError(
-            f"{name} must be >= {_fmt(minimum)}{where} (its gains 2^r - 1 need r >= 0), got a minimum of "
-            f"{_fmt(lo)}; graded relevance lies in [0, 1]: map a cosine similarity c in [-1, 1] to "
-            f"(1 + c) / 2, as fastrank.relevance does")
+            f"{name} must be >= {_fmt(minimum)}{where}, got a minimum of {_fmt(lo)}; graded relevance "
+            f"lies in [0, 1] (1 = a match): map a cosine similarity c in [-1, 1] to (1 + c) / 2, as "
+            f"fastrank.relevance does")
     if label_range is not None and (lo < label_range[0] or hi > label_range[1]):
         raise ValueError(
             f"{name} must lie in label_range [{_fmt(label_range[0])}, {_fmt(label_range[1])}]{where}, got "

@@ -708,6 +708,24 @@ def test_cuda_nonfinite_propagates_by_default(bad):
 
 @needs_cuda
 @pytest.mark.cuda
+def test_cuda_relevance_range_only_with_the_check_on(monkeypatch):
+    """SPEC 1: the range check is the finite check's pass. On CUDA it is off by default (no
+    host sync: the call copies nothing to the host) and raises once switched on."""
+    sim, rel = _cuda_case(6, 5)
+    cos = rel * 2 - 1
+    monkeypatch.delenv("FASTRANK_CHECK_FINITE", raising=False)
+    fastrank.smooth_ndcg_loss(sim, cos, 0.1)                                   # warm-up
+    _, copies = _cuda_checks.call_activity(lambda: fastrank.smooth_ndcg_loss(sim, cos, 0.1))
+    assert not any("Device -> " in c or "DtoH" in c for c in copies), copies
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "1")
+    with pytest.raises(ValueError, match="relevance must be >= 0"):
+        fastrank.smooth_ndcg_loss(sim, cos, 0.1)
+    with pytest.raises(ValueError, match="relevance must lie in label_range"):
+        fastrank.kendall_sw_loss(sim, cos)
+
+
+@needs_cuda
+@pytest.mark.cuda
 def test_cuda_graph_capture_equals_eager():
     sim, rel = _cuda_case(32, 24)
     s = sim.clone().requires_grad_(True)

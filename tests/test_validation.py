@@ -120,7 +120,7 @@ def test_relevance_values_one_pass():
     r = torch.tensor([[0.0, 0.5], [1.0, 0.25]])
     V.check_relevance_values(r, minimum=0.0)
     V.check_relevance_values(r, label_range=(0.0, 1.0))
-    with pytest.raises(ValueError, match=r"^relevance must be >= 0 for smooth_ndcg_loss .* minimum of -0.5"):
+    with pytest.raises(ValueError, match=r"^relevance must be >= 0 for smooth_ndcg_loss, got a minimum of -0.5; .*\(1 \+ c\) / 2"):
         V.check_relevance_values(r - 0.5, minimum=0.0, loss="smooth_ndcg_loss")
     with pytest.raises(ValueError, match=r"^relevance must lie in label_range \[0, 1\].* values in \[0.5, 1.5\]"):
         V.check_relevance_values(r + 0.5, label_range=(0.0, 1.0))
