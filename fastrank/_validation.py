@@ -2,13 +2,23 @@
 
 Validation happens here, once, in Python: a kernel never sees an unchecked shape,
 device, dtype or stride. Every error names the argument and what was expected.
+
+Order, in every public function: first what needs no read of tensor data (types, ranks,
+shapes, dtypes, devices, then the hyper-parameters), then the values, in one pass per
+tensor (:func:`check_data`). So a relevance on the wrong device gets "relevance is on X but
+sim is on Y", never an error from inside a value check, and a value check never runs on a
+tensor whose structure is wrong. The value checks (NaN/inf, and the relevance range of
+SPEC.md 1) follow :func:`check_finite_enabled`: on CPU by default, on CUDA only when
+switched on (the default CUDA path never synchronises the stream).
 """
 from __future__ import annotations
 
 import math
+import numbers
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -56,6 +66,9 @@ def check_finite_enabled(device: Optional[torch.device] = None) -> bool:
 
 def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool = True,
                  finite: bool = True, allow_empty: bool = False) -> torch.Tensor:
+    """A tensor argument: its structure (type, dtype, rank, not empty), then with ``finite``
+    its values (:func:`check_finite`). A function taking several tensors checks the
+    structure of all of them first (``finite=False``) and their values last."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if float_only and x.dtype not in FLOAT_DTYPES:
@@ -65,7 +78,15 @@ def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool =
         raise ValueError(f"{name} must be a {ndim}-D tensor, got shape {tuple(x.shape)}")
     if not allow_empty and x.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
-    if finite and float_only and check_finite_enabled(x.device) and not all_finite(x):
+    if finite and float_only:
+        check_finite(x, name)
+    return x
+
+
+def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
+    """NaN/inf in a floating tensor raise ValueError where the value check is on for its
+    device (:func:`check_finite_enabled`); one pass over the data."""
+    if check_finite_enabled(x.device) and not all_finite(x):
         raise ValueError(f"{name} contains NaN or infinite values")
     return x
 
@@ -77,27 +98,89 @@ def all_finite(x: torch.Tensor) -> bool:
     float32 matrix, 11 us against 3 us for 4 x 4. Reads the data: a host sync on CUDA."""
     if x.numel() == 0:
         return True
+    lo, hi = value_range(x)
+    return abs(lo) < math.inf and abs(hi) < math.inf
+
+
+def value_range(x: torch.Tensor) -> Tuple[float, float]:
+    """(min, max) of a non-empty tensor as Python numbers, NaN if it holds a NaN: one pass
+    (torch.aminmax) and two scalar reads. Serves the NaN/inf check and the range checks
+    together. Reads the data: a host sync on CUDA."""
     lo, hi = torch.aminmax(x.detach())
-    return abs(float(lo)) < math.inf and abs(float(hi)) < math.inf
+    return float(lo), float(hi)
 
 
-def check_sim(sim) -> torch.Tensor:
-    return check_tensor(sim, "sim", 2)
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
 
 
-def check_like(x, name: str, ref: torch.Tensor, ref_name: str = "sim") -> torch.Tensor:
-    """x must be a float tensor of ref's shape on ref's device."""
-    check_tensor(x, name, ref.dim())
+def check_relevance_values(relevance: torch.Tensor, *, minimum: Optional[float] = None,
+                           label_range: Optional[Tuple[float, float]] = None, loss: str = "",
+                           name: str = "relevance") -> torch.Tensor:
+    """NaN/inf, and the relevance range of SPEC.md 1, from one pass over the data (the
+    caller has decided that the value check is on: :func:`check_data`).
+
+    ``minimum``: the smallest allowed value (0 for losses whose gains 2^r - 1 need r >= 0);
+    ``label_range``: (lo, hi), every value must lie in [lo, hi]. Every entry is read,
+    masked ones included, as the NaN check does (the mask is not read: one pass)."""
+    lo, hi = value_range(relevance)
+    if not (abs(lo) < math.inf and abs(hi) < math.inf):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    where = f" for {loss}" if loss else ""
+    if minimum is not None and lo < minimum:
+        raise ValueError(
+            f"{name} must be >= {_fmt(minimum)}{where}, got a minimum of {_fmt(lo)}; graded relevance "
+            f"lies in [0, 1] (1 = a match): map a cosine similarity c in [-1, 1] to (1 + c) / 2, as "
+            f"fastrank.relevance does")
+    if label_range is not None and (lo < label_range[0] or hi > label_range[1]):
+        raise ValueError(
+            f"{name} must lie in label_range [{_fmt(label_range[0])}, {_fmt(label_range[1])}]{where}, got "
+            f"values in [{_fmt(lo)}, {_fmt(hi)}]; pass the label_range of your labels (e.g. (-1.0, 1.0)) "
+            f"or map them into it")
+    return relevance
+
+
+def check_data(sim: torch.Tensor, relevance: Optional[torch.Tensor] = None, *,
+               relevance_min: Optional[float] = None,
+               label_range: Optional[Tuple[float, float]] = None, loss: str = "",
+               sim_name: str = "sim", relevance_name: str = "relevance") -> None:
+    """The value checks of a loss call, after every structure and hyper-parameter check:
+    NaN/inf in ``sim``; NaN/inf and the range (``relevance_min`` / ``label_range``, SPEC.md
+    1) of ``relevance``. One pass per tensor, and none at all where the check is off (CUDA
+    by default, torch.compile, ``FASTRANK_CHECK_FINITE=0``): no host sync there."""
+    if not check_finite_enabled(sim.device):
+        return
+    if not all_finite(sim):
+        raise ValueError(f"{sim_name} contains NaN or infinite values")
+    if relevance is not None:
+        check_relevance_values(relevance, minimum=relevance_min, label_range=label_range, loss=loss,
+                               name=relevance_name)
+
+
+def check_sim(sim, *, values: bool = True) -> torch.Tensor:
+    """sim: a non-empty 2-D float tensor; with ``values`` also its NaN/inf check. A
+    function with more tensor arguments passes ``values=False`` and calls
+    :func:`check_data` after checking them all."""
+    return check_tensor(sim, "sim", 2, finite=values)
+
+
+def check_like(x, name: str, ref: torch.Tensor, ref_name: str = "sim", *,
+               values: bool = True) -> torch.Tensor:
+    """x must be a float tensor of ref's shape on ref's device (structure first; with
+    ``values`` its NaN/inf check last)."""
+    check_tensor(x, name, ref.dim(), finite=False)
     if x.shape != ref.shape:
         raise ValueError(
             f"{name} must have the same shape as {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}")
     if x.device != ref.device:
         raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}")
+    if values:
+        check_finite(x, name)
     return x
 
 
-def check_relevance(relevance, sim: torch.Tensor) -> torch.Tensor:
-    return check_like(relevance, "relevance", sim)
+def check_relevance(relevance, sim: torch.Tensor, *, values: bool = True) -> torch.Tensor:
+    return check_like(relevance, "relevance", sim, values=values)
 
 
 def check_mask(mask, sim: torch.Tensor) -> Optional[torch.Tensor]:
@@ -160,47 +243,173 @@ def check_impl(impl) -> str:
     return check_choice(impl, "impl", IMPLS)
 
 
-def _is_real(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+# ------------------------------------------------------------------ hyper-parameters
+# Hyper-parameters accept any real number (SPEC.md 1): a Python int or float, a numpy
+# scalar (or 0-d array), a 0-d tensor; each is taken as a Python number (a 0-d CUDA tensor
+# is read once, which synchronises: pass a number on a hot path). Rejected only when out
+# of range, or not a real number (bool, str, complex, a tensor with more than one element,
+# ...): a ValueError naming the argument, the expected range and what was passed.
+
+_REAL = "a real number (int, float, numpy scalar or 0-d tensor)"
+_INTEGER = "int, numpy integer or 0-d integer tensor"
+
+
+def _describe(value) -> str:
+    """What a rejected value is, for an error message: its value and its type."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and value.device.type != "meta":
+            return f"{value.item()!r} (a 0-d {value.dtype} tensor)"
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"a numpy {value.dtype} array of shape {value.shape}"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = type(value)
+    module = "" if kind.__module__ == "builtins" else kind.__module__.split(".")[0] + "."
+    return f"{text} ({module}{kind.__name__})"
+
+
+def _show(value) -> str:
+    """An out-of-range number: its repr, with its type when it is not a Python int or float."""
+    return repr(value) if type(value) in (int, float) else _describe(value)
+
+
+def as_real(value, name: str) -> float:
+    """``value`` as a Python float if it is a real number (see above), else ValueError."""
+    t = type(value)
+    if t is float or t is int:
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be {_REAL}, got {_describe(value)}")
+    if isinstance(value, numbers.Real):          # numpy integer and floating scalars, Fraction
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, torch.Tensor):
+        if (value.dim() == 0 and value.device.type != "meta" and not value.dtype.is_complex
+                and value.dtype != torch.bool):
+            return float(value.item())
+    elif isinstance(value, np.ndarray):
+        if value.ndim == 0 and value.dtype.kind in "iuf":
+            return float(value)
+    raise ValueError(f"{name} must be {_REAL}, got {_describe(value)}")
+
+
+def as_int(value, name: str, minimum: int = 1) -> int:
+    """``value`` as a Python int if it is an integer (int, numpy integer, 0-d integer
+    tensor or array), else ValueError."""
+    t = type(value)
+    if t is int:
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        pass
+    elif isinstance(value, numbers.Integral):        # numpy integer scalars
+        return int(value)
+    elif isinstance(value, torch.Tensor):
+        if (value.dim() == 0 and value.device.type != "meta" and not value.dtype.is_floating_point
+                and not value.dtype.is_complex and value.dtype != torch.bool):
+            return int(value.item())
+    elif isinstance(value, np.ndarray):
+        if value.ndim == 0 and value.dtype.kind in "iu":
+            return int(value)
+    raise ValueError(f"{name} must be an integer >= {minimum} ({_INTEGER}), got {_describe(value)}")
 
 
 def check_positive(value, name: str) -> float:
     """A finite real number > 0 (tau, gamma, ...)."""
-    if not _is_real(value) or not (value > 0) or value != value or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    if type(value) is float and 0.0 < value < math.inf:   # the usual call, kept cheap
+        return value
+    x = as_real(value, name)
+    if not 0.0 < x < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {_show(value)}")
+    return x
 
 
 def check_nonnegative(value, name: str) -> float:
-    if not _is_real(value) or not (value >= 0) or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
+    """A finite real number >= 0 (margin, alpha, weights, ...)."""
+    if type(value) is float and 0.0 <= value < math.inf:
+        return value
+    x = as_real(value, name)
+    if not 0.0 <= x < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {_show(value)}")
+    return x
 
 
 def check_real(value, name: str) -> float:
-    if not _is_real(value) or value != value or abs(value) == float("inf"):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+    """A finite real number (thresholds, the ends of a label range, ...)."""
+    if type(value) is float and abs(value) < math.inf:
+        return value
+    x = as_real(value, name)
+    if not abs(x) < math.inf:
+        raise ValueError(f"{name} must be a finite number, got {_show(value)}")
+    return x
 
 
 def check_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    """An integer >= minimum (k, block, batch sizes, ...)."""
+    k = as_int(value, name, minimum)
+    if k < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
+    return k
+
+
+def _items(value) -> Optional[list]:
+    """The elements of a tuple, list, range, 1-D numpy array or 1-D tensor; None for anything
+    else (a number, a string, ...)."""
+    if isinstance(value, (tuple, list, range)):
+        return list(value)
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return list(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 1:
+        return list(value.unbind(0))
+    return None
+
+
+def check_sequence(value, name: str, check: Callable = None, *, length: Optional[int] = None,
+                   scalar: bool = False, nonempty: bool = True) -> tuple:
+    """A tuple of hyper-parameters, each checked by ``check(v, f"{name}[i]")`` (default
+    :func:`check_positive`), e.g. ``ks=(1, 2, 4, 8, 16)`` with a :func:`check_int`.
+
+    ``value`` may be a tuple, list, range, 1-D numpy array or 1-D tensor; with ``scalar``
+    also one number, which stands for all (``length`` copies of it when ``length`` is given,
+    else a 1-tuple): ``tau_k=1.0`` or one per k. ``length`` (when given) is the required
+    number of entries; ``nonempty`` rejects an empty sequence."""
+    check = check_positive if check is None else check
+    items = _items(value)
+    if items is None:
+        if scalar and not isinstance(value, (str, bytes)):
+            one = check(value, name)
+            return (one,) * (length if length is not None else 1)
+        what = "a number or a sequence of numbers" if scalar else "a tuple or list of numbers"
+        raise ValueError(f"{name} must be {what}, got {_describe(value)}")
+    if nonempty and not items:
+        raise ValueError(f"{name} must not be empty")
+    if length is not None and len(items) != length:
+        raise ValueError(f"{name} must have {length} entries" + (" (or be one number)" if scalar else "")
+                         + f", got {len(items)}: {value!r}")
+    return tuple(check(v, f"{name}[{i}]") for i, v in enumerate(items))
 
 
 def check_pair(value, name: str, check=check_positive):
     """A 2-tuple of numbers, e.g. gamma=(gamma1, gamma2)."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"{name} must be a pair of numbers, got {value!r}")
-    return tuple(check(v, f"{name}[{i}]") for i, v in enumerate(value))
+    items = _items(value)
+    if items is None or len(items) != 2:
+        raise ValueError(f"{name} must be a pair of numbers, got {_describe(value) if items is None else repr(value)}")
+    return tuple(check(v, f"{name}[{i}]") for i, v in enumerate(items))
 
 
 def check_interval(value, name: str):
     """A pair (lo, hi) of finite numbers with lo < hi, e.g. label_range=(0.0, 1.0)."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"{name} must be a pair (lo, hi) of numbers, got {value!r}")
-    lo, hi = (check_real(v, f"{name}[{i}]") for i, v in enumerate(value))
+    items = _items(value)
+    if items is None or len(items) != 2:
+        raise ValueError(f"{name} must be a pair (lo, hi) of numbers, got "
+                         f"{_describe(value) if items is None else repr(value)}")
+    lo, hi = (check_real(v, f"{name}[{i}]") for i, v in enumerate(items))
     if not lo < hi:
         raise ValueError(f"{name} must satisfy lo < hi, got {value!r}")
     return lo, hi

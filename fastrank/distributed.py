@@ -162,10 +162,15 @@ class LocalLoss(torch.nn.Module):
     def forward(self, img_local: Tensor, txt_local: Tensor,
                 relevance: Optional[Union[Tensor, Pair]] = None,
                 positives: Optional[Union[Tensor, Pair]] = None) -> Tensor:
-        V.check_tensor(img_local, "img_local", 2)
-        V.check_tensor(txt_local, "txt_local", 2)
+        V.check_tensor(img_local, "img_local", 2, finite=False)
+        V.check_tensor(txt_local, "txt_local", 2, finite=False)
+        if txt_local.device != img_local.device:
+            raise ValueError(f"txt_local is on {txt_local.device} but img_local is on {img_local.device}")
         if self.needs_relevance and relevance is None:
             raise ValueError("LocalLoss: this loss needs relevance (global (N, M) or a (rows, cols) pair)")
+        # values after the structure, before the collectives (SPEC.md 1: CPU by default)
+        V.check_finite(img_local, "img_local")
+        V.check_finite(txt_local, "txt_local")
         rank = dist.get_rank(self.group) if is_distributed(self.group) else 0
         img_all = all_gather_with_grad(img_local, self.group)
         txt_all = all_gather_with_grad(txt_local, self.group)

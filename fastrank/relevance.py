@@ -245,7 +245,9 @@ class CaptionEncoder:
 
 # -------------------------------------------------------------------- relevance matrix
 def _check_emb(x, name: str) -> Tensor:
-    V.check_tensor(x, name, 2)
+    """Finite (SPEC.md 1), no all-zero row; returned L2-normalised in float32 / float64.
+    Reads the values: called once every argument's structure has been checked."""
+    V.check_finite(x, name)
     x = x.detach()
     x = x.double() if x.dtype == torch.float64 else x.float()
     norms = x.norm(dim=1)
@@ -326,34 +328,38 @@ def relevance_matrix(query_caption_emb: Tensor, caption_emb: Tensor,
         (N, M) or (n_images, n_captions) relevance in [0, 1] (float32; float64 if either
         input is float64), on the inputs' device. t2i uses its transpose (SPEC.md 1).
     """
+    # structure of every argument first, then the values (SPEC.md 1, _validation.py)
+    V.check_tensor(query_caption_emb, "query_caption_emb", 2, finite=False)
+    V.check_tensor(caption_emb, "caption_emb", 2, finite=False)
+    if query_caption_emb.shape[1] != caption_emb.shape[1]:
+        raise ValueError(f"query_caption_emb has dimension {query_caption_emb.shape[1]} but caption_emb "
+                         f"has {caption_emb.shape[1]}")
+    if query_caption_emb.device != caption_emb.device:
+        raise ValueError(f"query_caption_emb is on {query_caption_emb.device} but caption_emb is on "
+                         f"{caption_emb.device}")
+    n, m = query_caption_emb.shape[0], caption_emb.shape[0]
+    if image_caption_index is None and n != m:
+        raise ValueError(
+            f"without image_caption_index, row i and column i are one image-caption pair, so "
+            f"query_caption_emb and caption_emb need the same number of rows; got {n} and {m}. "
+            f"Pass image_caption_index for images with several captions")
+    if image_caption_index is not None and n != m:
+        raise ValueError(
+            f"with image_caption_index, caption ids address the rows of both query_caption_emb and "
+            f"caption_emb, which must list the same captions; got {n} and {m} rows")
+    idx = None if image_caption_index is None else _check_index(image_caption_index, m, caption_emb.device)
     q = _check_emb(query_caption_emb, "query_caption_emb")
     c = _check_emb(caption_emb, "caption_emb")
-    if q.shape[1] != c.shape[1]:
-        raise ValueError(f"query_caption_emb has dimension {q.shape[1]} but caption_emb has {c.shape[1]}")
-    if q.device != c.device:
-        raise ValueError(f"query_caption_emb is on {q.device} but caption_emb is on {c.device}")
     dtype = torch.promote_types(q.dtype, c.dtype)
     q, c = q.to(dtype), c.to(dtype)
-    m = c.shape[0]
     ct = c.t()
-    if image_caption_index is None:
-        n = q.shape[0]
-        if n != m:
-            raise ValueError(
-                f"without image_caption_index, row i and column i are one image-caption pair, so "
-                f"query_caption_emb and caption_emb need the same number of rows; got {n} and {m}. "
-                f"Pass image_caption_index for images with several captions")
+    if idx is None:
         out = torch.empty(n, m, dtype=dtype, device=c.device)
         step = max(1, _BLOCK_ELEMS // m)
         for a in range(0, n, step):
             out[a:a + step] = _cos_to_relevance(q[a:a + step] @ ct)
         out.diagonal().fill_(1.0)
         return out
-    if q.shape[0] != m:
-        raise ValueError(
-            f"with image_caption_index, caption ids address the rows of both query_caption_emb and "
-            f"caption_emb, which must list the same captions; got {q.shape[0]} and {m} rows")
-    idx = _check_index(image_caption_index, m, c.device)
     n_img, k = idx.shape
     out = torch.empty(n_img, m, dtype=dtype, device=c.device)
     step = max(1, _BLOCK_ELEMS // (k * m))
@@ -418,25 +424,29 @@ class BatchRelevance:
     """
 
     def __init__(self, caption_emb: Tensor, image_caption_index=None, device=None):
-        V.check_tensor(caption_emb, "caption_emb", 2)
+        V.check_tensor(caption_emb, "caption_emb", 2, finite=False)
         emb = caption_emb.detach().to(device) if device is not None else caption_emb.detach()
         device = emb.device  # concrete (cuda -> cuda:0)
+        self.n_captions = emb.shape[0]
+        # the index (structure, then its ids' range), before any read of the embeddings
+        self.index = (None if image_caption_index is None
+                      else _check_index(image_caption_index, self.n_captions, device))
+        V.check_finite(caption_emb, "caption_emb")
         store = emb.dtype if emb.dtype in (torch.float16, torch.bfloat16, torch.float64) else torch.float32
         norms = emb.float().norm(dim=1) if emb.dtype != torch.float64 else emb.norm(dim=1)
         if bool((norms == 0).any()):
             raise ValueError(f"caption_emb has an all-zero row {int((norms == 0).nonzero()[0])}")
         self.emb = (emb / norms.unsqueeze(1).to(emb.dtype)).to(store).contiguous()
         self.device = device
-        self.n_captions = self.emb.shape[0]
-        self.index = (None if image_caption_index is None
-                      else _check_index(image_caption_index, self.n_captions, device))
         self._compute = torch.float64 if store == torch.float64 else torch.float32
 
     def __repr__(self) -> str:
         k = None if self.index is None else tuple(self.index.shape)
         return f"BatchRelevance(n_captions={self.n_captions}, dim={self.emb.shape[1]}, index={k}, device={self.device})"
 
-    def _ids(self, ids, name: str, bound: Optional[int]) -> Tensor:
+    @staticmethod
+    def _ids(ids, name: str) -> Tensor:
+        """Structure of a 1-D id argument (a list becomes an int64 CPU tensor); no value read."""
         if not isinstance(ids, Tensor):
             if not isinstance(ids, (list, tuple)):
                 raise TypeError(f"{name} must be an integer tensor or a list of ints, got {type(ids).__name__}")
@@ -445,32 +455,40 @@ class BatchRelevance:
             raise TypeError(f"{name} must hold integer ids, got dtype {ids.dtype}")
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"{name} must be a non-empty 1-D tensor, got shape {tuple(ids.shape)}")
-        # the range check reads ids where they are: free for CPU ids (the usual case), a host
-        # sync for CUDA ones, so there it follows SPEC.md 1 (off by default)
-        if bound is not None and V.check_finite_enabled(ids.device):
+        return ids
+
+    @staticmethod
+    def _in_range(ids: Tensor, name: str, bound: int) -> None:
+        """The ids' range, read where they are: free for CPU ids (the usual case), a host sync
+        for CUDA ones, so there it follows SPEC.md 1 (off by default)."""
+        if V.check_finite_enabled(ids.device):
             lo, hi = torch.aminmax(ids)
             if int(lo) < 0 or int(hi) >= bound:
                 raise ValueError(f"{name} holds ids in [{int(lo)}, {int(hi)}], outside [0, {bound})")
-        return ids.to(self.device, torch.long, non_blocking=True)
 
     def __call__(self, image_ids, caption_ids) -> Tensor:
-        cap = self._ids(caption_ids, "caption_ids", self.n_captions)
+        # structure of both id arguments first, then their ranges
+        cap = self._ids(caption_ids, "caption_ids")
+        img = self._ids(image_ids, "image_ids") if self.index is not None or image_ids is not None else None
+        if self.index is None and img is not None and img.numel() != cap.numel():
+            raise ValueError(f"without image_caption_index, image_ids and caption_ids describe the "
+                             f"same batch of pairs and need the same length; got {img.numel()} and "
+                             f"{cap.numel()}")
+        self._in_range(cap, "caption_ids", self.n_captions)
+        if self.index is not None:
+            self._in_range(img, "image_ids", self.index.shape[0])
+        cap = cap.to(self.device, torch.long, non_blocking=True)
+        img = None if img is None else img.to(self.device, torch.long, non_blocking=True)
         c = self.emb[cap].to(self._compute)                         # (B_cap, D)
         if self.index is not None:
-            img = self._ids(image_ids, "image_ids", self.index.shape[0])
             own = self.index[img]                                    # (B_img, k)
             q = self.emb[own.view(-1)].to(self._compute)             # (B_img * k, D)
             cos = (q @ c.t()).view(own.shape[0], own.shape[1], -1).amax(dim=1)  # (B_img, B_cap)
             gt = (own.unsqueeze(2) == cap.view(1, 1, -1)).any(dim=1)
         else:
             cos = c @ c.t()
-            if image_ids is None:
+            if img is None:
                 gt = torch.eye(cap.numel(), dtype=torch.bool, device=self.device)
             else:
-                img = self._ids(image_ids, "image_ids", None)
-                if img.numel() != cap.numel():
-                    raise ValueError(f"without image_caption_index, image_ids and caption_ids describe the "
-                                     f"same batch of pairs and need the same length; got {img.numel()} and "
-                                     f"{cap.numel()}")
                 gt = img.unsqueeze(1) == img.unsqueeze(0)
         return _cos_to_relevance(cos).masked_fill_(gt, 1.0)

@@ -13,6 +13,7 @@ import importlib.util
 import math
 import pathlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,6 +178,31 @@ def test_approxndcg_bad_input():
         approxNDCGLoss(bad, torch.tensor([[1.0, 2.0, 0.0]]))
 
 
+def test_approxndcg_errors_name_the_callers_arguments():
+    """Values are checked under allRank's names (y_pred, y_true), never fastrank's internal
+    sim / relevance, and only on items that are in a slate."""
+    labels = torch.tensor([[1.0, 2.0, 0.0]])
+    with pytest.raises(ValueError, match="^y_pred contains NaN"):
+        approxNDCGLoss(torch.tensor([[0.0, float("nan"), 1.0]]), labels)
+    with pytest.raises(ValueError, match="^y_true contains NaN"):
+        approxNDCGLoss(torch.zeros(1, 3), torch.tensor([[1.0, float("nan"), 0.0]]))
+    with pytest.raises(ValueError, match="^y_true contains NaN or infinite"):
+        approxNDCGLoss(torch.zeros(1, 3), torch.tensor([[1.0, float("inf"), 0.0]]))
+    # padded items are never read: NaN there is fine
+    padded = torch.tensor([[0.5, float("nan"), 1.0]])
+    assert torch.isfinite(approxNDCGLoss(padded, torch.tensor([[1.0, -1.0, 0.0]])))
+    # y_true on another device than y_pred: structure before values (y_pred holds a NaN)
+    with pytest.raises(ValueError, match="y_true is on meta but y_pred is on cpu"):
+        approxNDCGLoss(torch.tensor([[float("nan"), 0.0, 1.0]]), torch.empty(1, 3, device="meta"))
+    # hyper-parameters: any real number
+    y_pred, y_true = slates(seed=9, dtype=torch.float64)
+    want = approxNDCGLoss(y_pred, y_true, alpha=2.0)
+    for alpha in (np.float64(2.0), torch.tensor(2.0, dtype=torch.float64), 2):
+        torch.testing.assert_close(approxNDCGLoss(y_pred, y_true, alpha=alpha), want)
+    torch.testing.assert_close(approxNDCGLoss(y_pred, y_true, alpha=2.0, padded_value_indicator=np.int64(-1)),
+                               want)
+
+
 @needs_cuda
 @pytest.mark.cuda
 def test_approxndcg_cuda_matches_cpu():
@@ -264,6 +290,16 @@ def test_contrastive_bad_input():
         ContrastiveLoss()(im[0], s)
     with pytest.raises(TypeError, match="s must"):
         ContrastiveLoss()(im, s.long())
+    bad = im.clone()
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="^im contains NaN"):
+        ContrastiveLoss()(bad, s)
+    with pytest.raises(ValueError, match="^s contains NaN"):
+        ContrastiveLoss()(s, bad)
+    with pytest.raises(ValueError, match="same shape"):          # structure before values
+        ContrastiveLoss()(bad, s[:5])
+    torch.testing.assert_close(ContrastiveLoss(margin=np.float32(0.2))(im, s), ContrastiveLoss(0.2)(im, s))
+    torch.testing.assert_close(ContrastiveLoss(margin=torch.tensor(0.2))(im, s), ContrastiveLoss(0.2)(im, s))
 
 
 @needs_cuda
@@ -437,6 +473,56 @@ def test_clip_loss_bad_input():
         ClipLoss()(img, txt, torch.ones(2))
     with pytest.raises(TypeError, match="logit_scale"):
         ClipLoss()(img, txt, "10")
+
+
+@pytest.mark.parametrize("listwise", ["smooth_ndcg", "kendall"])
+def test_clip_loss_errors_name_the_callers_arguments(listwise):
+    """With the listwise term on, no error names fastrank's internal sim: NaN features,
+    logit_scale, relevance and captions are reported under the names the caller passed."""
+    img, txt, scale = clip_case()
+    rel = torch.rand(8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    loss = ClipLoss(listwise_weight=1.0, listwise=listwise)
+    nan_img, nan_txt = img.clone(), txt.clone()
+    nan_img[3, 1] = float("nan")
+    nan_txt[0, 0] = float("inf")
+
+    def message(*args, **kwargs):
+        with pytest.raises((ValueError, TypeError)) as info:
+            loss(*args, **kwargs)
+        text = str(info.value)
+        assert not text.startswith("sim ") and "same shape as sim" not in text and "but sim" not in text, text
+        return text
+
+    assert message(nan_img, txt, scale, relevance=rel).startswith("image_features contains NaN")
+    assert message(img, nan_txt, scale, relevance=rel).startswith("text_features contains NaN")
+    assert message(img, txt, torch.tensor(float("nan")), relevance=rel).startswith("logit_scale must be finite")
+    assert message(img, txt, scale, relevance=rel[:, :7]).startswith("relevance must have shape (N, N) = (8, 8)")
+    assert message(img, txt, scale, relevance=torch.empty(8, 8, device="meta")).startswith(
+        "relevance is on meta but image_features is on cpu")
+    assert message(img, txt, scale, relevance=rel.long()).startswith("relevance must be a floating tensor")
+    nan_rel = rel.clone()
+    nan_rel[2, 2] = float("nan")
+    assert message(img, txt, scale, relevance=nan_rel).startswith("relevance contains NaN")
+    assert message(img, txt, scale, captions=["a"] * 7 + [3]).startswith("captions[7] must be a str")
+    assert message(img, txt, scale, captions="a dog").startswith("captions must be a list")
+    assert message(img, txt, scale, captions=5).startswith("captions must be a list")
+    # structure before values: a malformed relevance is reported even with NaN features
+    assert message(nan_img, txt, scale, relevance=rel[:, :7]).startswith("relevance must have shape")
+    assert message(nan_img, txt, torch.ones(2), relevance=rel).startswith("logit_scale must be a number")
+    if listwise == "smooth_ndcg":   # SPEC 1: negative relevance (raw cosine) is bad input
+        assert message(img, txt, scale, relevance=rel * 2 - 1).startswith("relevance must be >= 0")
+    # the listwise term alone (a public method) checks the same way
+    with pytest.raises(ValueError, match="^image_features contains NaN"):
+        loss.listwise_loss(nan_img, txt, relevance=rel)
+    with pytest.raises(ValueError, match="^relevance must have shape"):
+        loss.listwise_loss(img, txt, relevance=rel[:7])
+
+
+def test_clip_loss_without_listwise_term_reads_no_value():
+    """listwise_weight=0 is open_clip's loss: NaN features give a NaN loss, as there."""
+    img, txt, scale = clip_case()
+    img[0, 0] = float("nan")
+    assert torch.isnan(ClipLoss()(img, txt, scale))
 
 
 @needs_cuda

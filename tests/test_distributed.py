@@ -172,6 +172,12 @@ def test_local_loss_bad_input():
         LocalLoss(lambda sim: sim.sum())
     with pytest.raises(ValueError, match="img_local"):
         LocalLoss(fastrank.triplet_loss)(img[0], txt)
+    nan = img.clone()
+    nan[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="txt_local is on meta but img_local is on cpu"):
+        LocalLoss(fastrank.triplet_loss)(nan, torch.empty(txt.shape, device="meta"))
+    with pytest.raises(ValueError, match="^img_local contains NaN"):
+        LocalLoss(fastrank.triplet_loss)(nan, txt)
 
 
 if __name__ == "__main__":

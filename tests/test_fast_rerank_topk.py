@@ -166,6 +166,23 @@ def test_bad_input(make, kwargs, err, name):
         fastrank.fast_rerank_topk(img, txt, k, **kwargs)
 
 
+def test_structure_before_values():
+    """A NaN embedding is reported under its own name, after every structure and
+    hyper-parameter check."""
+    img, txt = _emb(5, 8, 15), _emb(7, 8, 16)
+    img[2, 3] = float("nan")
+    with pytest.raises(TypeError, match="txt_emb must have img_emb's dtype"):
+        fastrank.fast_rerank_topk(img, txt.double(), 3)
+    with pytest.raises(ValueError, match="txt_emb is on meta"):
+        fastrank.fast_rerank_topk(img, torch.empty(7, 8, device="meta"), 3)
+    with pytest.raises(ValueError, match="k must be an integer"):
+        fastrank.fast_rerank_topk(img, txt, 0)
+    with pytest.raises(ValueError, match="^img_emb contains NaN"):
+        fastrank.fast_rerank_topk(img, txt, 3)
+    with pytest.raises(ValueError, match="^txt_emb contains NaN"):
+        fastrank.fast_rerank_topk(txt[:5], img, 3)
+
+
 @needs_cuda
 def test_cuda_matches_cpu():
     img, txt = _emb(333, 32, 17), _emb(1200, 32, 18)

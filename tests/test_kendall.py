@@ -279,6 +279,35 @@ def test_bad_device_mix():
         fastrank.kendall_loss(sim.cuda(), rel)
 
 
+def test_structure_before_values():
+    sim, rel = rand_case(3, 3, 12)
+    rel[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="relevance is on meta but sim is on cpu"):
+        fastrank.kendall_loss(torch.where(torch.eye(3, dtype=torch.bool), float("nan"), sim),
+                              torch.empty(3, 3, device="meta"))
+    with pytest.raises(ValueError, match="mask must have the same shape"):
+        fastrank.kendall_loss(sim, rel, mask=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="alpha"):
+        fastrank.kendall_loss(sim, rel, alpha=-1.0)
+
+
+def test_relevance_has_no_range():
+    """SPEC 1 names no range for kendall_loss: labels in [-1, 1] (the paper's) are fine,
+    and shifting every label changes nothing (only differences count)."""
+    sim, rel = rand_case(4, 5, 13)
+    torch.testing.assert_close(fastrank.kendall_loss(sim, rel * 2 - 1, alpha=0.2),
+                               fastrank.kendall_loss(sim, rel * 2, alpha=0.2))
+
+
+def test_alpha_accepts_numpy_and_tensors():
+    import numpy as np
+    sim, rel = rand_case(4, 4, 14)
+    want = fastrank.kendall_loss(sim, rel, alpha=0.25)
+    for alpha in (np.float32(0.25), torch.tensor(0.25), np.array(0.25), torch.tensor(0.25).requires_grad_()):
+        torch.testing.assert_close(fastrank.kendall_loss(sim, rel, alpha=alpha), want)
+        torch.testing.assert_close(fastrank.nn.KendallLoss(alpha=alpha)(sim, rel), want)
+
+
 # ---- (6) determinism --------------------------------------------------------------------
 def test_deterministic():
     sim, rel = rand_case(67, 45, 10)

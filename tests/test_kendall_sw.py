@@ -358,6 +358,51 @@ def test_bad_device_mix():
         fastrank.kendall_sw_loss(sim.cuda(), rel)
 
 
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_relevance_outside_label_range(impl, monkeypatch):
+    """SPEC 1: values outside label_range are bad input, from the finite check's pass and
+    under its switch."""
+    sim, rel = rand_case(4, 5, 20)
+    f = fastrank.kendall_sw_loss
+    cos = rel * 2 - 1                                  # [-1, 1] labels with the default (0, 1) range
+    with pytest.raises(ValueError, match=r"relevance must lie in label_range \[0, 1\].*values in \[-"):
+        f(sim, cos, impl=impl)
+    with pytest.raises(ValueError, match="relevance must lie in label_range"):
+        f(sim, rel + 0.5, impl=impl)                   # above hi
+    with pytest.raises(ValueError, match="relevance must lie in label_range"):
+        fastrank.nn.KendallSWLoss()(sim, cos)
+    f(sim, cos, label_range=(-1.0, 1.0), impl=impl)    # the paper's [-1, 1] labels, declared
+    f(sim, torch.ones_like(rel), impl=impl)            # the ends of the range are inside
+    f(sim, torch.zeros_like(rel), impl=impl)
+    with pytest.raises(ValueError, match="relevance contains NaN"):   # NaN before the range
+        f(sim, torch.full_like(rel, float("nan")), impl=impl)
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    f(sim, cos, impl=impl)
+
+
+def test_structure_before_values():
+    sim, rel = rand_case(3, 3, 21)
+    sim[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="relevance is on meta but sim is on cpu"):
+        fastrank.kendall_sw_loss(sim, torch.empty(3, 3, device="meta"))
+    with pytest.raises(ValueError, match="label_range"):   # hyper-parameters before the data
+        fastrank.kendall_sw_loss(sim, rel, label_range=(1.0, 0.0))
+
+
+def test_hyper_parameters_accept_numpy_and_tensors():
+    import numpy as np
+    sim, rel = rand_case(5, 5, 22)
+    want = fastrank.kendall_sw_loss(sim, rel, alpha=0.2, beta=0.1, label_range=(0.0, 1.0))
+    for kw in (dict(alpha=np.float64(0.2), beta=torch.tensor(0.1, dtype=torch.float64)),
+               dict(alpha=torch.tensor(0.2, dtype=torch.float64), beta=np.float64(0.1),
+                    label_range=(np.float32(0.0), torch.tensor(1.0))),
+               dict(alpha=0.2, beta=0.1, label_range=np.array([0.0, 1.0]))):
+        kw = {"label_range": (0.0, 1.0), **kw}
+        torch.testing.assert_close(fastrank.kendall_sw_loss(sim, rel, **kw), want)
+    with pytest.raises(ValueError, match=r"beta must be a finite number > 0, got 0.0 \(a 0-d torch.float32 tensor\)"):
+        fastrank.kendall_sw_loss(sim, rel, beta=torch.tensor(0.0))
+
+
 # ---- (6) determinism --------------------------------------------------------------------
 def test_deterministic():
     sim, rel = rand_case(97, 61, 11, kind="ties")

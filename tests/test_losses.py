@@ -550,6 +550,110 @@ def test_orthogonal_bad_input():
         fnn.OrthogonalLoss(beta=float("nan"))
 
 
+# ----------------------------------------------------------------------------- SPEC 1 for every loss
+# Hyper-parameters: any real number (Python, numpy scalar, 0-d tensor); rejected only when
+# out of range or not a number, with the argument and the type named. Structure before
+# values. Relevance range (ladder: r >= 0).
+
+def _np(x):
+    import numpy as np
+    return np.float32(x) if isinstance(x, float) else np.int64(x)
+
+
+def _t(x):
+    return torch.tensor(x)
+
+
+HYPER_CALLS = [
+    # (name, call(value) on fixed data, the plain value)
+    ("margin", lambda v: fastrank.triplet_loss(rand_sim(4, 4, 60), margin=v), 0.25),
+    ("gamma", lambda v: fastrank.triplet_loss(rand_sim(4, 4, 60), mining="soft", gamma=v), 10.0),
+    ("k", lambda v: fastrank.topk_loss(rand_sim(4, 4, 61), k=v), 2),
+    ("margin", lambda v: fastrank.topk_loss(rand_sim(4, 4, 61), margin=v), 0.5),
+    ("margins", lambda v: fastrank.ladder_loss(rand_sim(4, 4, 62), torch.rand(4, 4, dtype=D64),
+                                               margins=(v, 0.1)), 0.3),
+    ("thresholds", lambda v: fastrank.ladder_loss(rand_sim(4, 4, 62), torch.rand(4, 4, dtype=D64),
+                                                  thresholds=(v,)), 0.5),
+    ("margin", lambda v: fastrank.variance_weighted_loss(rand_sim(4, 4, 63).unsqueeze(0), margin=v), 0.2),
+    ("beta", lambda v: fastrank.orthogonal_loss(torch.randn(2, 3, 4, dtype=D64,
+                                                            generator=torch.Generator().manual_seed(0)), beta=v), 0.1),
+    ("gamma", lambda v: fastrank.fast_rerank(rand_sim(3, 4, 64), gamma=(v, 20.0))[0], 25.0),
+    ("lam", lambda v: fastrank.fast_rerank(rand_sim(3, 4, 64), lam=(v, v))[1], 20.0),
+    ("k", lambda v: fastrank.fast_rerank_topk(rand_sim(3, 4, 65, grad=False), rand_sim(5, 4, 66, grad=False),
+                                              k=v).i2t_indices, 2),
+]
+
+
+@pytest.mark.parametrize("name,call,value", HYPER_CALLS, ids=[f"{i}-{c[0]}" for i, c in enumerate(HYPER_CALLS)])
+def test_hyper_parameters_accept_numpy_scalars_and_0d_tensors(name, call, value):
+    torch.manual_seed(0)
+    want = call(value)
+    for v in (_np(value), _t(value)):
+        torch.manual_seed(0)
+        torch.testing.assert_close(call(v), want, msg=f"{name}={v!r}")
+
+
+@pytest.mark.parametrize("name,call,value", HYPER_CALLS, ids=[f"{i}-{c[0]}" for i, c in enumerate(HYPER_CALLS)])
+def test_hyper_parameters_rejected_name_argument_and_type(name, call, value):
+    for bad, kind in (("1", "(str)"), (True, "(bool)"), (torch.tensor([value, value]), "tensor of shape (2,)"),
+                      (None, "(NoneType)")):
+        with pytest.raises(ValueError, match=name) as info:
+            call(bad)
+        assert kind in str(info.value), str(info.value)
+    if isinstance(value, int):         # integers: a float is not one, whatever its value
+        with pytest.raises(ValueError, match=f"{name} must be an integer") as info:
+            call(torch.tensor(float(value)))
+        assert "0-d torch.float32 tensor" in str(info.value)
+    elif name != "thresholds":         # out of range, as a 0-d tensor: the message names the type
+        with pytest.raises(ValueError, match=name) as info:
+            call(torch.tensor(-1.0))
+        assert "-1.0 (a 0-d torch.float32 tensor)" in str(info.value)
+
+
+def test_structure_is_checked_before_values():
+    """A NaN in sim is not what gets reported when another argument is malformed."""
+    nan = torch.full((3, 3), float("nan"), dtype=D64)
+    with pytest.raises(TypeError, match="positives must have dtype torch.bool"):
+        fastrank.triplet_loss(nan, positives=torch.eye(3))
+    with pytest.raises(ValueError, match="positives is on meta but sim is on cpu"):
+        fastrank.topk_loss(nan, positives=torch.ones(3, 3, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match="margin"):
+        fastrank.triplet_loss(nan, margin=-1.0)
+    with pytest.raises(ValueError, match="relevance is on meta but sim is on cpu"):
+        fastrank.ladder_loss(nan, torch.empty(3, 3, device="meta"))
+    with pytest.raises(ValueError, match="thresholds"):
+        fastrank.ladder_loss(nan, torch.rand(3, 3, dtype=D64), thresholds=(0.2, 0.5),
+                             margins=(0.1, 0.1, 0.1), weights=(1, 1, 1))
+    with pytest.raises(ValueError, match="positives must have shape"):
+        fastrank.variance_weighted_loss(torch.full((2, 3, 3), float("nan")), positives=torch.eye(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask must have shape"):
+        fastrank.orthogonal_loss(torch.full((2, 3, 4), float("nan")), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="mask is on meta"):
+        fastrank.orthogonal_loss(torch.full((2, 3, 4), float("nan")), torch.ones(2, 3, device="meta"))
+    # values are still checked once the structure is right, under the data's own name
+    with pytest.raises(ValueError, match="sub_sim contains NaN"):
+        fastrank.variance_weighted_loss(torch.full((2, 3, 3), float("nan")))
+    with pytest.raises(ValueError, match="sub_emb contains NaN"):
+        fastrank.orthogonal_loss(torch.full((2, 3, 4), float("nan")))
+
+
+def test_ladder_rejects_negative_relevance(monkeypatch):
+    """Raw cosine in [-1, 1] instead of (1 + cos) / 2 would put every 'somewhat relevant'
+    negative into the lowest level: bad input (SPEC 1), checked where NaN is."""
+    sim = rand_sim(4, 4, 67, grad=False)
+    cos = torch.rand(4, 4, dtype=D64, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with pytest.raises(ValueError, match=r"relevance must be >= 0 for ladder_loss.*minimum of -"):
+        fastrank.ladder_loss(sim, cos)
+    with pytest.raises(ValueError, match="relevance must be >= 0"):
+        fnn.LadderLoss()(sim, cos)
+    with pytest.raises(ValueError, match="relevance contains NaN"):
+        fastrank.ladder_loss(sim, torch.full((4, 4), float("nan"), dtype=D64))
+    fastrank.ladder_loss(sim, (1 + cos) / 2)
+    fastrank.ladder_loss(sim, torch.zeros(4, 4, dtype=D64))
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    fastrank.ladder_loss(sim, cos)       # the switch turns the range check off with the NaN check
+
+
 # ----------------------------------------------------------------------------- CombinedLoss
 
 def test_combined_loss_string_spec():

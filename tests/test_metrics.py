@@ -506,6 +506,39 @@ def test_cuda_matches_cpu():
 
 
 # ---------------------------------------------------------------- bad input
+def test_structure_is_checked_before_values():
+    """Every argument's shape, dtype and device first, the values (NaN, ids' range) last."""
+    sim, c2i, rel = case(4, 5, seed=0)
+    nan = sim.clone()
+    nan[0, 0] = float("nan")
+    for fn in (M.recall_at_k, M.evaluate, M.map_at_r, M.r_precision, M.coco_5fold_1k):
+        with pytest.raises(ValueError, match="caption_to_image must have shape"):
+            fn(nan, c2i[:-1])
+        with pytest.raises(ValueError, match="caption_to_image is on meta"):
+            fn(nan, torch.zeros_like(c2i, device="meta"))
+    for fn in (M.ndcg, M.kendall_tau, lambda s, r: M.coherent_score(s, r, 2),
+               lambda s, r: M.evaluate(s, c2i, relevance=r)):
+        with pytest.raises(ValueError, match="relevance is on meta but sim is on cpu"):
+            fn(nan, torch.empty(sim.shape, device="meta"))
+    with pytest.raises(ValueError, match="ks"):
+        M.recall_at_k(nan, c2i, ks=())
+    with pytest.raises(ValueError, match="k must be an integer"):
+        M.coherent_score(nan, rel, 0)
+    with pytest.raises(ValueError, match="caption_to_image values"):    # the ids' range is still checked
+        M.recall_at_k(sim, torch.where(c2i == 3, 4, c2i), ks=(1,))
+    # hyper-parameters: numpy and 0-d tensor integers work
+    assert M.recall_at_k(sim, c2i, ks=(np.int64(1), torch.tensor(5))) == M.recall_at_k(sim, c2i, ks=(1, 5))
+    assert M.coherent_score(sim, rel, np.int32(3)) == M.coherent_score(sim, rel, 3)
+
+
+def test_ndcg_negative_relevance_with_the_value_check_off(monkeypatch):
+    """ndcg's definition needs r >= 0: still refused with the value switch off (one pass)."""
+    sim, c2i, rel = case(4, 5, seed=0)
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    with pytest.raises(ValueError, match="relevance must be >= 0 for ndcg"):
+        M.ndcg(sim, rel - 0.5)
+
+
 def test_bad_input():
     sim, c2i, rel = case(4, 5, seed=0)
     with pytest.raises(ValueError, match="caption_to_image"):

@@ -297,6 +297,31 @@ def test_real_model_paraphrases_score_higher(tmp_path):
 
 
 # ---------------------------------------------------------------- bad input
+def test_structure_is_checked_before_values():
+    """Shapes, dtypes, devices and the index first; NaN / all-zero embeddings last."""
+    e = emb(10)
+    nan = e.clone()
+    nan[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="dimension"):
+        relevance_matrix(nan, emb(10, d=4))
+    with pytest.raises(ValueError, match="caption_emb is on meta"):
+        relevance_matrix(nan, torch.empty(10, e.shape[1], device="meta"))
+    with pytest.raises(ValueError, match="same number of rows"):
+        relevance_matrix(nan[:4], e)
+    with pytest.raises(ValueError, match=r"outside \[0, 10\)"):
+        relevance_matrix(nan, e, torch.arange(10).view(2, 5) + 1)
+    with pytest.raises(ValueError, match=r"outside \[0, 10\)"):
+        BatchRelevance(nan, torch.arange(10).view(2, 5) + 1)
+    br = BatchRelevance(e, torch.arange(10).view(2, 5))
+    with pytest.raises(TypeError, match="image_ids must hold integer ids"):
+        br(torch.tensor([0.0]), [10])               # both ids' structure before caption_ids' range
+    with pytest.raises(ValueError, match="same length"):
+        BatchRelevance(e)([0, 1], [0, 1, 99])
+    with pytest.raises(ValueError, match="query_caption_emb contains NaN"):
+        relevance_matrix(nan, e)
+
+
+# ---------------------------------------------------------------- bad input
 def test_bad_input():
     e = emb(10)
     idx = torch.arange(10).view(2, 5)

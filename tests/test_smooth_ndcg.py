@@ -1,6 +1,7 @@
 """smooth_ndcg_loss: loop oracle, native vs reference, gradients, compile, bad input."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -262,6 +263,95 @@ def test_device_mismatch():
         pytest.skip("needs a CUDA device to build a mismatch")
     with pytest.raises(ValueError, match="relevance"):
         fastrank.smooth_ndcg_loss(torch.rand(2, 2, device="cuda"), torch.rand(2, 2))
+
+
+# SPEC 1: structure first (types, shapes, devices, hyper-parameters), then the values in one
+# pass per tensor; relevance must be >= 0; hyper-parameters are any real number.
+BOTH_IMPLS = ["reference"] + (["native"] if NATIVE_CPU else [])
+
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_structure_is_checked_before_values(impl):
+    """A relevance on another device (meta: any machine has it) is reported as such, even
+    when sim holds a NaN: the value check never runs on mismatched input."""
+    sim = torch.tensor([[0.1, float("nan")]])
+    with pytest.raises(ValueError, match="relevance is on meta but sim is on cpu"):
+        fastrank.smooth_ndcg_loss(sim, torch.empty(1, 2, device="meta"), impl=impl)
+    with pytest.raises(ValueError, match="mask is on meta"):
+        fastrank.smooth_ndcg_loss(sim, torch.rand(1, 2), mask=torch.ones(1, 2, dtype=torch.bool, device="meta"),
+                                  impl=impl)
+    with pytest.raises(ValueError, match="relevance must have the same shape"):
+        fastrank.smooth_ndcg_loss(sim, torch.tensor([[float("nan")]]), impl=impl)
+    with pytest.raises(ValueError, match="tau"):          # a bad hyper-parameter before a NaN in the data
+        fastrank.smooth_ndcg_loss(sim, torch.rand(1, 2), tau=-1.0, impl=impl)
+
+
+@pytest.mark.parametrize("impl", BOTH_IMPLS)
+def test_negative_relevance_is_rejected(impl):
+    """Raw cosine similarity in [-1, 1] instead of (1 + cos) / 2: gains 2^r - 1 < 0 would give
+    losses above 1 and 0 for an all-negative row; it is bad input (SPEC 1)."""
+    sim, rel = rand_case(4, 5, seed=50)
+    cos = rel * 2 - 1                                    # in [-1, 1], some negative
+    assert float(cos.min()) < 0
+    with pytest.raises(ValueError, match=r"relevance must be >= 0 for smooth_ndcg_loss.*minimum of -"):
+        fastrank.smooth_ndcg_loss(sim, cos, impl=impl)
+    with pytest.raises(ValueError, match="relevance must be >= 0"):
+        fastrank.nn.SmoothNDCGLoss()(sim, cos)
+    # masked entries are read too (the NaN check's convention: one pass, the mask is not read)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    bad = rel.clone()
+    bad[1, 2], mask[1, 2] = -0.5, False
+    with pytest.raises(ValueError, match="relevance must be >= 0"):
+        fastrank.smooth_ndcg_loss(sim, bad, impl=impl, mask=mask)
+    # relevance 0 (the bottom of the range) is fine, and so is the mapped cosine
+    fastrank.smooth_ndcg_loss(sim, torch.zeros_like(rel), impl=impl)
+    fastrank.smooth_ndcg_loss(sim, (1 + cos) / 2, impl=impl)
+
+
+@pytest.mark.parametrize("impl", BOTH_IMPLS)
+def test_range_check_follows_the_value_switch(impl, monkeypatch):
+    """The range check is the finite check's pass: off with FASTRANK_CHECK_FINITE=0 (or
+    set_check_finite(False)), like the NaN check."""
+    sim, rel = rand_case(3, 3, seed=51)
+    cos = rel * 2 - 1
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    assert torch.isfinite(fastrank.smooth_ndcg_loss(sim, cos, impl=impl))
+    monkeypatch.delenv("FASTRANK_CHECK_FINITE")
+    from fastrank import _validation as V
+    V.set_check_finite(False)
+    try:
+        fastrank.smooth_ndcg_loss(sim, cos, impl=impl)
+    finally:
+        V.set_check_finite(None)
+    with pytest.raises(ValueError, match="relevance must be >= 0"):
+        fastrank.smooth_ndcg_loss(sim, cos, impl=impl)
+
+
+@pytest.mark.parametrize("tau", [np.float32(0.05), np.float64(0.05), torch.tensor(0.05),
+                                 torch.tensor(0.05, dtype=torch.float64), np.array(0.05), 0.05])
+def test_tau_accepts_any_real_number(tau):
+    sim, rel = rand_case(4, 4, seed=52)
+    want = fastrank.smooth_ndcg_loss(sim, rel, tau=float(tau))
+    torch.testing.assert_close(fastrank.smooth_ndcg_loss(sim, rel, tau=tau), want)
+    torch.testing.assert_close(fastrank.nn.SmoothNDCGLoss(tau=tau)(sim, rel), want)
+
+
+@pytest.mark.parametrize("tau,kind", [
+    (torch.tensor(0.0), "0-d torch.float32 tensor"),
+    (torch.tensor(-0.01), "0-d torch.float32 tensor"),
+    (np.float32(-1.0), "numpy.float32"),
+    (torch.tensor([0.01, 0.02]), "tensor of shape (2,)"),
+    (torch.tensor(0.01 + 0j), "complex64"),
+    (True, "bool"),
+    ("0.01", "str"),
+    (None, "NoneType"),
+])
+def test_bad_tau_names_argument_and_type(tau, kind):
+    sim, rel = rand_case(2, 2, seed=53)
+    with pytest.raises(ValueError, match="tau") as info:
+        fastrank.smooth_ndcg_loss(sim, rel, tau=tau)
+    assert kind in str(info.value)
+    with pytest.raises(ValueError, match="tau"):
+        fastrank.nn.SmoothNDCGLoss(tau=tau)
 
 
 # ---------------------------------------------------------------- CUDA
@@ -614,6 +704,24 @@ def test_cuda_nonfinite_propagates_by_default(bad):
     loss = fastrank.smooth_ndcg_loss(s, rel, 0.1)
     loss.backward()
     assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all()
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_relevance_range_only_with_the_check_on(monkeypatch):
+    """SPEC 1: the range check is the finite check's pass. On CUDA it is off by default (no
+    host sync: the call copies nothing to the host) and raises once switched on."""
+    sim, rel = _cuda_case(6, 5)
+    cos = rel * 2 - 1
+    monkeypatch.delenv("FASTRANK_CHECK_FINITE", raising=False)
+    fastrank.smooth_ndcg_loss(sim, cos, 0.1)                                   # warm-up
+    _, copies = _cuda_checks.call_activity(lambda: fastrank.smooth_ndcg_loss(sim, cos, 0.1))
+    assert not any("Device -> " in c or "DtoH" in c for c in copies), copies
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "1")
+    with pytest.raises(ValueError, match="relevance must be >= 0"):
+        fastrank.smooth_ndcg_loss(sim, cos, 0.1)
+    with pytest.raises(ValueError, match="relevance must lie in label_range"):
+        fastrank.kendall_sw_loss(sim, cos)
 
 
 @needs_cuda

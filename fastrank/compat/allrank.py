@@ -45,9 +45,12 @@ def _check_slates(y_pred, y_true) -> None:
         raise ValueError(f"y_true is on {y_true.device} but y_pred is on {y_pred.device}")
 
 
-def _check_indicator(value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+def _check_indicator(value) -> float:
+    """The label of padded items: any real number but NaN (which equals no label)."""
+    x = V.as_real(value, "padded_value_indicator")
+    if x != x:
         raise ValueError(f"padded_value_indicator must be a number (the label of padded items), got {value!r}")
+    return x
 
 
 def approxNDCGLoss(y_pred: Tensor, y_true: Tensor, eps: float = DEFAULT_EPS,
@@ -81,7 +84,7 @@ def approxNDCGLoss(y_pred: Tensor, y_true: Tensor, eps: float = DEFAULT_EPS,
     """
     _check_slates(y_pred, y_true)
     eps = V.check_positive(eps, "eps")
-    _check_indicator(padded_value_indicator)
+    padded_value_indicator = _check_indicator(padded_value_indicator)
     alpha = V.check_positive(alpha, "alpha")
     # eps is only validated: fastrank's kernel has no floors (see "Differences" above)
 
@@ -91,6 +94,12 @@ def approxNDCGLoss(y_pred: Tensor, y_true: Tensor, eps: float = DEFAULT_EPS,
     sim = torch.where(valid, y_pred, zero)                         # padded scores never read
     labels = y_true.detach().to(acc).clamp(min=0.0)
     relevance = torch.where(valid, labels, torch.zeros((), dtype=acc, device=labels.device))
+    # values last, under the caller's names (SPEC.md 1: CPU by default): the non-padded items
+    if V.check_finite_enabled(sim.device):
+        if not V.all_finite(sim):
+            raise ValueError("y_pred contains NaN or infinite values (in a non-padded item)")
+        if not V.all_finite(relevance):
+            raise ValueError("y_true contains NaN or infinite labels (in a non-padded item)")
     loss = smooth_ndcg_loss(sim, relevance, tau=1.0 / alpha, direction="i2t", reduction="none",
                             mask=valid, impl=impl)                 # (B,) 1 - NDCG; 0 if no gain
     has_gain = (relevance > 0).any(dim=1)

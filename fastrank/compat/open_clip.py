@@ -18,6 +18,9 @@ passed in (``relevance=``) or computed from the batch's captions (``captions=``)
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
+from collections import abc
 from typing import Optional, Sequence
 
 import torch
@@ -137,28 +140,12 @@ class ClipLoss(torch.nn.Module):
         emb = emb.to(device)
         return relevance_matrix(emb, emb).to(dtype)
 
-    def listwise_loss(self, image_features: Tensor, text_features: Tensor,
-                      relevance: Optional[Tensor] = None,
-                      captions: Optional[Sequence[str]] = None) -> Tensor:
-        """The unweighted listwise term on ``image_features @ text_features.T``."""
-        sim = image_features @ text_features.T
-        if relevance is None:
-            if captions is None:
-                raise ValueError("listwise_weight > 0 needs relevance= (an (N, N) tensor) or captions= "
-                                 "(the batch's N caption strings) in the call")
-            if isinstance(captions, str) or len(captions) != sim.shape[1]:
-                raise ValueError(f"captions must be a list of the batch's {sim.shape[1]} caption strings, "
-                                 f"got {type(captions).__name__} of length "
-                                 f"{len(captions) if not isinstance(captions, str) else 1}")
-            relevance = self.batch_relevance(captions, sim.device, sim.dtype)
-        elif captions is not None:
-            raise ValueError("pass relevance= or captions=, not both")
-        return LISTWISE_LOSSES[self.listwise](sim, relevance, **self.listwise_kwargs)
-
-    # ------------------------------------------------------------------ the call
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale,
-                logit_bias=None, output_dict: bool = False, *, relevance: Optional[Tensor] = None,
-                captions: Optional[Sequence[str]] = None):
+    # ------------------------------------------------------------------ validation
+    # Structure of every argument first (types, shapes, devices), then the values: the
+    # errors name the caller's arguments (image_features, text_features, logit_scale,
+    # relevance, captions), never the internal sim = image_features @ text_features.T.
+    @staticmethod
+    def _check_features(image_features, text_features) -> None:
         V.check_tensor(image_features, "image_features", 2, finite=False)
         V.check_tensor(text_features, "text_features", 2, finite=False)
         if text_features.device != image_features.device:
@@ -168,22 +155,99 @@ class ClipLoss(torch.nn.Module):
             raise ValueError(f"image_features and text_features must be (N, D) features of N image-text "
                              f"pairs with the same shape, got {tuple(image_features.shape)} and "
                              f"{tuple(text_features.shape)}")
-        if isinstance(logit_scale, Tensor):
-            if logit_scale.numel() != 1:
-                raise ValueError(f"logit_scale must be a number or a one-element tensor, got shape "
-                                 f"{tuple(logit_scale.shape)}")
-        elif isinstance(logit_scale, bool) or not isinstance(logit_scale, (int, float)):
-            raise TypeError(f"logit_scale must be a number or a tensor, got {type(logit_scale).__name__}")
+
+    @staticmethod
+    def _check_scalar(value, name: str, features: Tensor) -> None:
+        """logit_scale / logit_bias: a number, or a one-element real tensor that torch can
+        combine with the features (on their device, or a 0-d CPU tensor)."""
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"{name} must be a number or a one-element tensor, got shape "
+                                 f"{tuple(value.shape)}")
+            if value.dtype == torch.bool or value.dtype.is_complex:
+                raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
+            if value.device != features.device and not (value.device.type == "cpu" and value.dim() == 0):
+                raise ValueError(f"{name} is on {value.device} but image_features is on {features.device}")
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+
+    @staticmethod
+    def _check_listwise_args(image_features: Tensor, relevance, captions) -> None:
+        n = image_features.shape[0]
+        if relevance is None:
+            if captions is None:
+                raise ValueError("listwise_weight > 0 needs relevance= (an (N, N) tensor) or captions= "
+                                 "(the batch's N caption strings) in the call")
+            if isinstance(captions, (str, bytes)) or not isinstance(captions, abc.Sequence):
+                raise ValueError(f"captions must be a list of the batch's {n} caption strings, got "
+                                 f"{type(captions).__name__}")
+            if len(captions) != n:
+                raise ValueError(f"captions must be a list of the batch's {n} caption strings, "
+                                 f"got {type(captions).__name__} of length {len(captions)}")
+            for i, c in enumerate(captions):
+                if not isinstance(c, str):
+                    raise TypeError(f"captions[{i}] must be a str, got {type(c).__name__}")
+            return
+        if captions is not None:
+            raise ValueError("pass relevance= or captions=, not both")
+        V.check_tensor(relevance, "relevance", 2, finite=False)
+        if tuple(relevance.shape) != (n, n):
+            raise ValueError(f"relevance must have shape (N, N) = {(n, n)} (row i: image i, column j: "
+                             f"text j of the batch), got {tuple(relevance.shape)}")
+        if relevance.device != image_features.device:
+            raise ValueError(f"relevance is on {relevance.device} but image_features is on "
+                             f"{image_features.device}")
+
+    @staticmethod
+    def _check_values(image_features: Tensor, text_features: Tensor, logit_scale=None) -> None:
+        """NaN/inf where the value check is on (SPEC.md 1: CPU by default, CUDA only when
+        switched on); relevance's values (NaN/inf, range) are checked by the listwise loss,
+        under its own name."""
+        if not V.check_finite_enabled(image_features.device):
+            return
+        V.check_finite(image_features, "image_features")
+        V.check_finite(text_features, "text_features")
+        if logit_scale is not None and not math.isfinite(float(logit_scale)):
+            raise ValueError(f"logit_scale must be finite, got {float(logit_scale)}")
+
+    def listwise_loss(self, image_features: Tensor, text_features: Tensor,
+                      relevance: Optional[Tensor] = None,
+                      captions: Optional[Sequence[str]] = None) -> Tensor:
+        """The unweighted listwise term on ``image_features @ text_features.T``."""
+        self._check_features(image_features, text_features)
+        self._check_listwise_args(image_features, relevance, captions)
+        self._check_values(image_features, text_features)
+        return self._listwise(image_features, text_features, relevance, captions)
+
+    def _listwise(self, image_features: Tensor, text_features: Tensor, relevance: Optional[Tensor],
+                  captions: Optional[Sequence[str]]) -> Tensor:
+        sim = image_features @ text_features.T
+        if relevance is None:
+            relevance = self.batch_relevance(captions, sim.device, sim.dtype)
+        return LISTWISE_LOSSES[self.listwise](sim, relevance, **self.listwise_kwargs)
+
+    # ------------------------------------------------------------------ the call
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale,
+                logit_bias=None, output_dict: bool = False, *, relevance: Optional[Tensor] = None,
+                captions: Optional[Sequence[str]] = None):
+        self._check_features(image_features, text_features)
+        self._check_scalar(logit_scale, "logit_scale", image_features)
+        if logit_bias is not None:
+            self._check_scalar(logit_bias, "logit_bias", image_features)
+        listwise_on = self.listwise_weight != 0
+        if listwise_on:
+            self._check_listwise_args(image_features, relevance, captions)
+            # with the term off the adapter is open_clip's loss, which reads no value
+            self._check_values(image_features, text_features, logit_scale)
 
         logits_per_image, logits_per_text = self.get_logits(image_features, text_features, logit_scale,
                                                             logit_bias)
         labels = self.get_ground_truth(image_features.device, logits_per_image.shape[0])
         contrastive = (F.cross_entropy(logits_per_image, labels)
                        + F.cross_entropy(logits_per_text, labels)) / 2
-        if self.listwise_weight == 0:
+        if not listwise_on:
             return {"contrastive_loss": contrastive} if output_dict else contrastive
-        listwise = self.listwise_weight * self.listwise_loss(image_features, text_features,
-                                                             relevance, captions)
+        listwise = self.listwise_weight * self._listwise(image_features, text_features, relevance, captions)
         if output_dict:
             return {"contrastive_loss": contrastive, "listwise_loss": listwise}
         return contrastive + listwise

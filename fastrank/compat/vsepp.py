@@ -68,13 +68,15 @@ class ContrastiveLoss(torch.nn.Module):
 
     def scores(self, im: Tensor, s: Tensor) -> Tensor:
         """The (N, N) image-caption score matrix the loss ranks."""
-        V.check_tensor(im, "im", 2)
-        V.check_tensor(s, "s", 2)
+        V.check_tensor(im, "im", 2, finite=False)
+        V.check_tensor(s, "s", 2, finite=False)
         if im.device != s.device:
             raise ValueError(f"s is on {s.device} but im is on {im.device}")
         if im.shape != s.shape:
             raise ValueError(f"im and s must be (N, D) embeddings of N image-caption pairs with the same "
                              f"shape, got im {tuple(im.shape)} and s {tuple(s.shape)}")
+        V.check_finite(im, "im")   # values last, named as the caller's (SPEC.md 1: CPU by default)
+        V.check_finite(s, "s")
         if self.measure == "order":
             return order_sim(im, s)
         return im @ s.t()

@@ -97,13 +97,14 @@ def variance_weighted_loss(sub_sim: Tensor, margin: float = 0.2, positives: Opti
     + log sigma_kt ), sigma_kt = 1 + sample std_{j != t} softmax_j(s_k)_j (0 std when
     fewer than two candidates remain). A query with no positive or no negative has loss 0.
     """
-    V.check_tensor(sub_sim, "sub_sim", 3)
+    V.check_tensor(sub_sim, "sub_sim", 3, finite=False)
     if positives is not None and isinstance(positives, Tensor) and positives.shape != sub_sim.shape[1:]:
         raise ValueError(f"positives must have shape (N, M) = {tuple(sub_sim.shape[1:])} "
                          f"(sub_sim is (K, N, M)), got {tuple(positives.shape)}")
     positives = V.check_positives(positives, sub_sim[0])
     margin = V.check_nonnegative(margin, "margin")
     V.check_reduction(reduction)
+    V.check_finite(sub_sim, "sub_sim")
     s = to_acc(sub_sim)
     parts = []
     for d in directions("both"):
@@ -128,14 +129,9 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
     Per image: [ sum_{a != b} |m_a m_b <e_a, e_b>| - beta ]+ (each unordered pair counted
     twice, as in Eq. 4's double sum).
     """
-    V.check_tensor(sub_emb, "sub_emb", 3)
+    V.check_tensor(sub_emb, "sub_emb", 3, finite=False)
     n, k, _ = sub_emb.shape
-    beta = V.check_nonnegative(beta, "beta")
-    V.check_reduction(reduction)
-    e = to_acc(sub_emb)
-    if mask is None:
-        m = torch.ones(n, k, dtype=e.dtype, device=e.device)
-    else:
+    if mask is not None:
         if not isinstance(mask, Tensor):
             raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dtype.is_complex:
@@ -144,8 +140,16 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
             raise ValueError(f"mask must have shape (N, K) = {(n, k)}, got {tuple(mask.shape)}")
         if mask.device != sub_emb.device:
             raise ValueError(f"mask is on {mask.device} but sub_emb is on {sub_emb.device}")
-        if V.check_finite_enabled(mask.device) and not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must contain only 0 and 1")
+    beta = V.check_nonnegative(beta, "beta")
+    V.check_reduction(reduction)
+    # values last (SPEC.md 1: where the value check is on, CPU by default)
+    V.check_finite(sub_emb, "sub_emb")
+    if mask is not None and V.check_finite_enabled(mask.device) and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("mask must contain only 0 and 1")
+    e = to_acc(sub_emb)
+    if mask is None:
+        m = torch.ones(n, k, dtype=e.dtype, device=e.device)
+    else:
         m = mask.detach().to(e.dtype)
     gram = e @ e.transpose(1, 2)                                   # <e_a, e_b>, (N, K, K)
     masked = (m.unsqueeze(2) * m.unsqueeze(1) * gram).abs()       # |m_a m_b <e_a, e_b>|

@@ -29,16 +29,11 @@ from .triplet import masked_max, masked_min, pair_hinge_sums, to_acc, triplet_pe
 
 
 def _check_ladder(thresholds, margins, weights):
-    def seq(x, name):
-        if not isinstance(x, (tuple, list)):
-            raise ValueError(f"{name} must be a tuple or list of numbers, got {x!r}")
-        return x
-
-    thr = tuple(V.check_real(t, f"thresholds[{i}]") for i, t in enumerate(seq(thresholds, "thresholds")))
+    thr = V.check_sequence(thresholds, "thresholds", V.check_real, nonempty=False)
     if any(a <= b for a, b in zip(thr, thr[1:])):
-        raise ValueError(f"thresholds must be strictly decreasing, got {tuple(thresholds)!r}")
-    mar = tuple(V.check_nonnegative(m, f"margins[{i}]") for i, m in enumerate(seq(margins, "margins")))
-    wei = tuple(V.check_nonnegative(w, f"weights[{i}]") for i, w in enumerate(seq(weights, "weights")))
+        raise ValueError(f"thresholds must be strictly decreasing, got {thr!r}")
+    mar = V.check_sequence(margins, "margins", V.check_nonnegative)
+    wei = V.check_sequence(weights, "weights", V.check_nonnegative)
     if len(mar) != len(thr) + 1:
         raise ValueError(f"margins must have len(thresholds) + 1 = {len(thr) + 1} entries "
                          f"(one per level), got {len(mar)}")
@@ -98,16 +93,18 @@ def ladder_loss(sim: Tensor, relevance: Tensor, thresholds: Sequence[float] = (0
         reduction: ``"mean"``, ``"sum"`` (the paper's code) or ``"none"`` ((N,) i2t then (M,) t2i).
 
     A rung whose C or F is empty adds 0; rung 1 is 0 for a query with no positive or no
-    negative.
+    negative. NaN/inf in sim or relevance, or a negative relevance, raise ValueError where
+    the value check is on (SPEC.md 1: CPU by default), after every structure check.
     """
-    V.check_sim(sim)
-    V.check_relevance(relevance, sim)
+    V.check_sim(sim, values=False)
+    V.check_relevance(relevance, sim, values=False)
     positives = V.check_positives(positives, sim)
     thresholds, margins, weights = _check_ladder(thresholds, margins, weights)
     if not isinstance(hard, bool):
         raise ValueError(f"hard must be a bool, got {hard!r}")
     V.check_direction(direction)
     V.check_reduction(reduction)
+    V.check_data(sim, relevance, relevance_min=0.0, loss="ladder_loss")
     s = to_acc(sim)
     relevance = relevance.detach()   # only compared with the thresholds, in its own dtype
 

@@ -54,12 +54,13 @@ def topk_loss(sim: Tensor, k: int = 5, margin: float = 0.2, positives: Optional[
 
     A query with no positive or no negative has loss 0.
     """
-    V.check_sim(sim)
+    V.check_sim(sim, values=False)
     positives = V.check_positives(positives, sim)
     k = V.check_int(k, "k", 1)
     margin = V.check_nonnegative(margin, "margin")
     V.check_direction(direction)
     V.check_reduction(reduction)
+    V.check_data(sim)
 
     def per_query(s, pos):
         return topk_per_query(s, pos, k, margin)

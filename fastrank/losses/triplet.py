@@ -145,7 +145,7 @@ def triplet_loss(sim: Tensor, margin: float = 0.2, mining: str = "hardest", gamm
     Returns:
         a scalar, or a 1-D tensor for ``reduction="none"``.
     """
-    V.check_sim(sim)
+    V.check_sim(sim, values=False)
     diagonal = positives is None
     positives = V.check_positives(positives, sim)
     margin = V.check_nonnegative(margin, "margin")
@@ -153,6 +153,7 @@ def triplet_loss(sim: Tensor, margin: float = 0.2, mining: str = "hardest", gamm
     gamma = V.check_positive(gamma, "gamma")
     V.check_direction(direction)
     V.check_reduction(reduction)
+    V.check_data(sim)
 
     def per_query(s, pos):
         if diagonal and mining == "all":

@@ -43,28 +43,50 @@ class MetricResult(dict):
         return f"MetricResult({dict.__repr__(self)}, skipped={self.skipped})"
 
 
-def check_scores(sim) -> Tensor:
-    """sim: finite float (N, M) tensor; returned detached, half types as float32."""
-    V.check_sim(sim)
+# Order (as everywhere in fastrank, _validation.py): the structure of every argument
+# first (types, shapes, dtypes, devices, then ks / k), the values last (check_values and
+# caption_to_image_values), so a wrong shape or device is reported as such and never as
+# an error from inside a value check.
+
+def check_scores(sim, *, values: bool = True) -> Tensor:
+    """sim: float (N, M) tensor (finite, with ``values``); returned detached, half types
+    as float32."""
+    V.check_sim(sim, values=values)
     sim = sim.detach()
     if sim.dtype in (torch.float16, torch.bfloat16):
         sim = sim.float()
     return sim
 
 
-def check_graded(relevance, sim: Tensor) -> Tensor:
-    """relevance: finite float tensor of sim's shape and device; returned detached, half
-    types as float32 (blocks are promoted to float64 where gains are summed)."""
-    V.check_relevance(relevance, sim)
+def check_graded(relevance, sim: Tensor, *, values: bool = True) -> Tensor:
+    """relevance: float tensor of sim's shape and device (finite, with ``values``);
+    returned detached, half types as float32 (blocks are promoted to float64 where gains
+    are summed)."""
+    V.check_relevance(relevance, sim, values=values)
     relevance = relevance.detach()
     if relevance.dtype in (torch.float16, torch.bfloat16):
         relevance = relevance.float()
     return relevance
 
 
-def check_caption_to_image(caption_to_image, sim: Tensor, *, every_image: bool = False) -> Tensor:
+def check_values(sim: Tensor, relevance: Optional[Tensor] = None, *,
+                 relevance_min: Optional[float] = None, metric: str = "") -> None:
+    """The value checks of a metric call, after every structure check: NaN/inf in sim and
+    relevance (and relevance >= relevance_min), one pass per tensor, where the value check
+    is on (SPEC.md 1). With the check off, a minimum on relevance is still enforced (one
+    comparison pass): a metric's definition needs it."""
+    if V.check_finite_enabled(sim.device):
+        V.check_data(sim, relevance, relevance_min=relevance_min, loss=metric)
+    elif relevance is not None and relevance_min is not None and bool((relevance < relevance_min).any()):
+        V.check_relevance_values(relevance, minimum=relevance_min, loss=metric)
+
+
+def check_caption_to_image(caption_to_image, sim: Tensor, *, every_image: bool = False,
+                           values: bool = True) -> Tensor:
     """caption_to_image: integer (n_captions,) tensor on sim's device, values in
-    [0, n_images). With every_image, each image must own at least one caption."""
+    [0, n_images) (with ``values``; else call :func:`caption_to_image_values` once every
+    other argument's structure is checked). With every_image, each image must own at least
+    one caption. Returned as int64."""
     n_img, n_cap = sim.shape
     x = caption_to_image
     if not isinstance(x, Tensor):
@@ -78,7 +100,17 @@ def check_caption_to_image(caption_to_image, sim: Tensor, *, every_image: bool =
     if x.device != sim.device:
         raise ValueError(f"caption_to_image is on {x.device} but sim is on {sim.device}")
     x = x.long()
-    lo, hi = int(x.min()), int(x.max())
+    if values:
+        caption_to_image_values(x, sim, every_image=every_image)
+    return x
+
+
+def caption_to_image_values(x: Tensor, sim: Tensor, *, every_image: bool = False) -> Tensor:
+    """The value part of :func:`check_caption_to_image` (x already int64 of the right
+    shape and device): ids in [0, n_images), and with every_image no image left without a
+    caption. Always read (the metrics need valid ids to index with)."""
+    n_img = sim.shape[0]
+    lo, hi = (int(v) for v in torch.aminmax(x))
     if lo < 0 or hi >= n_img:
         raise ValueError(
             f"caption_to_image values must be image indices in [0, {n_img}), got values in [{lo}, {hi}]")
@@ -92,15 +124,16 @@ def check_caption_to_image(caption_to_image, sim: Tensor, *, every_image: bool =
     return x
 
 
-def check_positives_any(positives, sim: Tensor) -> Tuple[str, Tensor]:
+def check_positives_any(positives, sim: Tensor, *, values: bool = True) -> Tuple[str, Tensor]:
     """positives: a bool (N, M) mask, or caption_to_image (n_captions,) integer ids.
-    Returns ("mask", mask) or ("c2i", caption_to_image)."""
+    Returns ("mask", mask) or ("c2i", caption_to_image); without ``values`` the ids'
+    range is left to :func:`caption_to_image_values`."""
     if isinstance(positives, Tensor) and positives.dtype == torch.bool:
         return "mask", V.check_positives(positives, sim)
     if isinstance(positives, Tensor) and positives.dim() == 2:
         raise TypeError(f"positives given as an (N, M) mask must have dtype torch.bool, got {positives.dtype}")
     try:
-        return "c2i", check_caption_to_image(positives, sim)
+        return "c2i", check_caption_to_image(positives, sim, values=values)
     except TypeError:
         raise TypeError(
             "positives must be a bool (N, M) tensor or caption_to_image, an integer (n_captions,) "
@@ -109,11 +142,10 @@ def check_positives_any(positives, sim: Tensor) -> Tuple[str, Tensor]:
 
 
 def check_ks(ks, name: str) -> Tuple[int, ...]:
-    if isinstance(ks, int) and not isinstance(ks, bool):
-        ks = (ks,)
-    if not isinstance(ks, (tuple, list)) or len(ks) == 0:
+    """One integer >= 1 or a non-empty sequence of them."""
+    if isinstance(ks, (tuple, list)) and len(ks) == 0:
         raise ValueError(f"{name} must be a non-empty tuple of integers >= 1, got {ks!r}")
-    return tuple(V.check_int(k, f"{name}[{i}]") for i, k in enumerate(ks))
+    return V.check_sequence(ks, name, V.check_int, scalar=True)
 
 
 def orient(x: Tensor, direction: str) -> Tensor:

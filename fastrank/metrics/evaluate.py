@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from ._common import MetricResult, check_caption_to_image, check_graded, check_ks, check_scores
+from ._common import (MetricResult, caption_to_image_values, check_caption_to_image, check_graded, check_ks,
+                      check_scores, check_values)
 from .graded import graded_direction
 from .recall import i2t_ranks, summarize, t2i_ranks
 from .sets import set_direction
@@ -56,11 +57,13 @@ def evaluate(sim: Tensor, caption_to_image: Tensor, relevance: Optional[Tensor] 
         ``i2t_rp``, ``t2i_rp`` (positives from caption_to_image). ``result.skipped`` counts
         the queries left out of ``*_tau``, ``*_cs{k}``, ``*_map_r`` and ``*_rp``.
     """
-    sim = check_scores(sim)
-    c2i = check_caption_to_image(caption_to_image, sim, every_image=True)
+    sim = check_scores(sim, values=False)
+    c2i = check_caption_to_image(caption_to_image, sim, values=False)
     ks = check_ks(ks, "ks")
     cs_k = () if cs_k is None or (isinstance(cs_k, (tuple, list)) and len(cs_k) == 0) else check_ks(cs_k, "cs_k")
-    rel = check_graded(relevance, sim) if relevance is not None else None
+    rel = check_graded(relevance, sim, values=False) if relevance is not None else None
+    check_values(sim, rel)
+    caption_to_image_values(c2i, sim, every_image=True)
     scores = dict(zip(("i2t", "t2i"), _rerank_scores(sim, rerank)))
 
     r_t2i = t2i_ranks(scores["t2i"], c2i)
@@ -95,13 +98,15 @@ def coco_5fold_1k(sim: Tensor, caption_to_image: Tensor, relevance: Optional[Ten
         MetricResult with evaluate's keys, each the mean over the folds (medr and meanr
         included, as in VSE++); ``skipped`` summed over the folds.
     """
-    sim = check_scores(sim)
-    c2i = check_caption_to_image(caption_to_image, sim, every_image=True)
+    sim = check_scores(sim, values=False)
+    c2i = check_caption_to_image(caption_to_image, sim, values=False)
     n_img = sim.shape[0]
     if n_img % 5:
         raise ValueError(f"coco_5fold_1k needs a number of images divisible by 5, got sim of shape {tuple(sim.shape)}")
     if relevance is not None:
-        V.check_relevance(relevance, sim)
+        V.check_relevance(relevance, sim, values=False)
+    check_values(sim, relevance)
+    caption_to_image_values(c2i, sim, every_image=True)
     size = n_img // 5
     folds = []
     for f in range(5):

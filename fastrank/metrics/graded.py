@@ -28,7 +28,7 @@ from torch import Tensor
 from .. import _validation as V
 from ..reference.ndcg_terms import gains
 from ._common import (MetricResult, TieRuns, argsort_rows, arange_labels, blocks, both_directions,
-                      check_graded, check_scores, count_at_least, no_ties, orient, sort_rows)
+                      check_graded, check_scores, check_values, count_at_least, no_ties, orient, sort_rows)
 from ._kendall import discordant_pairs
 
 
@@ -200,12 +200,12 @@ def ndcg(sim: Tensor, relevance: Tensor, k: Optional[int] = None) -> MetricResul
     Returns:
         MetricResult {"i2t": float, "t2i": float} (``skipped`` all 0).
     """
-    sim = check_scores(sim)
-    relevance = check_graded(relevance, sim)
+    sim = check_scores(sim, values=False)
+    relevance = check_graded(relevance, sim, values=False)
     if k is not None:
         k = V.check_int(k, "k")
-    if bool((relevance < 0).any()):
-        raise ValueError("relevance must be >= 0 for ndcg (gains 2^r - 1, as sklearn.metrics.ndcg_score)")
+    # gains 2^r - 1, as sklearn.metrics.ndcg_score: relevance must be >= 0
+    check_values(sim, relevance, relevance_min=0.0, metric="ndcg")
     return both_directions(
         lambda d: graded_direction(sim, relevance, d, want_ndcg=True, ndcg_k=k)["ndcg"])
 
@@ -223,8 +223,9 @@ def kendall_tau(sim: Tensor, relevance: Tensor) -> MetricResult:
     Returns:
         MetricResult {"i2t": float, "t2i": float} with ``skipped`` {"i2t": int, "t2i": int}.
     """
-    sim = check_scores(sim)
-    relevance = check_graded(relevance, sim)
+    sim = check_scores(sim, values=False)
+    relevance = check_graded(relevance, sim, values=False)
+    check_values(sim, relevance)
     return both_directions(lambda d: graded_direction(sim, relevance, d, want_tau=True)["tau"])
 
 
@@ -242,7 +243,8 @@ def coherent_score(sim: Tensor, relevance: Tensor, k: int) -> MetricResult:
     Returns:
         MetricResult {"i2t": float, "t2i": float} with ``skipped``.
     """
-    sim = check_scores(sim)
-    relevance = check_graded(relevance, sim)
+    sim = check_scores(sim, values=False)
+    relevance = check_graded(relevance, sim, values=False)
     k = V.check_int(k, "k")
+    check_values(sim, relevance)
     return both_directions(lambda d: graded_direction(sim, relevance, d, cs_ks=(k,))[f"cs{k}"])

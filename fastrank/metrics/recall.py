@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._common import (blocks, caption_lists, check_caption_to_image, check_ks, check_scores, count_at_least,
-                      use_numpy)
+from ._common import (blocks, caption_lists, caption_to_image_values, check_caption_to_image, check_ks,
+                      check_scores, check_values, count_at_least, use_numpy)
 
 
 def i2t_ranks(sim: Tensor, caption_to_image: Tensor) -> Tensor:
@@ -84,7 +84,9 @@ def recall_at_k(sim: Tensor, caption_to_image: Tensor, ks=(1, 5, 10)) -> Dict[st
         dict with ``i2t_r{k}`` and ``t2i_r{k}`` for each k (percent), ``rsum``,
         ``i2t_medr``, ``i2t_meanr``, ``t2i_medr``, ``t2i_meanr`` (1-based ranks).
     """
-    sim = check_scores(sim)
-    c2i = check_caption_to_image(caption_to_image, sim, every_image=True)
+    sim = check_scores(sim, values=False)
+    c2i = check_caption_to_image(caption_to_image, sim, values=False)
     ks = check_ks(ks, "ks")
+    check_values(sim)
+    caption_to_image_values(c2i, sim, every_image=True)
     return summarize(i2t_ranks(sim, c2i), t2i_ranks(sim, c2i), ks)

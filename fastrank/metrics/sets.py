@@ -20,8 +20,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from ._common import (MetricResult, blocks, caption_lists, check_positives_any, check_scores,
-                      count_at_least, orient)
+from ._common import (MetricResult, blocks, caption_lists, caption_to_image_values, check_positives_any,
+                      check_scores, check_values, count_at_least, orient)
 
 
 def set_block(x: Tensor, pos_scores: Tensor, n_pos: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -94,8 +94,11 @@ def set_direction(sim: Tensor, kind: str, pos: Tensor, direction: str, t2i_ranks
 
 
 def _both(sim, positives, which: int) -> MetricResult:
-    sim = check_scores(sim)
-    kind, pos = check_positives_any(positives, sim)
+    sim = check_scores(sim, values=False)
+    kind, pos = check_positives_any(positives, sim, values=False)
+    check_values(sim)
+    if kind == "c2i":
+        caption_to_image_values(pos, sim)
     out = MetricResult()
     for d in ("i2t", "t2i"):
         out[d], out.skipped[d] = set_direction(sim, kind, pos, d)[which]

@@ -50,8 +50,10 @@ class RerankTopK(NamedTuple):
 
 
 def _check_embeddings(img_emb, txt_emb) -> None:
-    V.check_tensor(img_emb, "img_emb", 2)
-    V.check_tensor(txt_emb, "txt_emb", 2)
+    """Structure only (types, shapes, device, dtype); the values are checked by
+    :func:`_check_embedding_values` once every argument's structure has passed."""
+    V.check_tensor(img_emb, "img_emb", 2, finite=False)
+    V.check_tensor(txt_emb, "txt_emb", 2, finite=False)
     if txt_emb.shape[1] != img_emb.shape[1]:
         raise ValueError(f"txt_emb must have img_emb's embedding size {img_emb.shape[1]}, "
                          f"got shape {tuple(txt_emb.shape)}")
@@ -59,6 +61,12 @@ def _check_embeddings(img_emb, txt_emb) -> None:
         raise ValueError(f"txt_emb is on {txt_emb.device} but img_emb is on {img_emb.device}")
     if txt_emb.dtype != img_emb.dtype:
         raise TypeError(f"txt_emb must have img_emb's dtype {img_emb.dtype}, got {txt_emb.dtype}")
+
+
+def _check_embedding_values(img_emb, txt_emb) -> None:
+    """NaN/inf in the embeddings (SPEC.md 1: CPU by default), named as the caller's."""
+    V.check_finite(img_emb, "img_emb")
+    V.check_finite(txt_emb, "txt_emb")
 
 
 def _rows_per_tile(block: Optional[int], length: int, total: int) -> int:
@@ -98,6 +106,7 @@ def fast_rerank_topk(img_emb: Tensor, txt_emb: Tensor, k: int, gamma: Tuple[floa
     l1, l2 = V.check_pair(lam, "lam")
     V.check_direction(direction)
     impl = V.check_impl(impl)
+    _check_embedding_values(img_emb, txt_emb)
     native = native_module(img_emb.device, impl, "fast_rerank_topk") is not None
     out_dtype = img_emb.dtype
     acc = acc_dtype(out_dtype)

@@ -139,13 +139,14 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     NaN or inf in sim or relevance: ValueError on CPU by default (SPEC.md 1); with the
     check off (CUDA default) the loss and gradient come back non-finite.
     """
-    V.check_sim(sim)
-    V.check_relevance(relevance, sim)
+    V.check_sim(sim, values=False)
+    V.check_relevance(relevance, sim, values=False)
     mask = V.check_mask(mask, sim)
     alpha = V.check_nonnegative(alpha, "alpha")
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
+    V.check_data(sim, relevance)
     acc = acc_dtype(sim.dtype)
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):

@@ -146,7 +146,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
-        relevance: (N, M) graded relevance; no gradient flows to it.
+        relevance: (N, M) graded relevance, every value in label_range; no gradient
+            flows to it.
         alpha: window size, the relaxation (>= 0).
         beta: stride between windows (> 0).
         label_range: (lo, hi) range of the relevance labels, lo < hi.
@@ -156,9 +157,12 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     Returns:
         a scalar, or (N,) / (M,) / (N + M,) per-query losses for reduction="none";
         in the accumulation dtype (float32, or float64 for float64 sim).
+    Bad input (SPEC.md 1): structure and hyper-parameters first, then one pass per tensor
+    where the value check is on (CPU by default): NaN/inf, or a relevance outside
+    label_range, raise ValueError.
     """
-    V.check_sim(sim)
-    V.check_relevance(relevance, sim)
+    V.check_sim(sim, values=False)
+    V.check_relevance(relevance, sim, values=False)
     alpha = V.check_nonnegative(alpha, "alpha")
     beta = V.check_positive(beta, "beta")
     label_range = V.check_interval(label_range, "label_range")
@@ -166,6 +170,7 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
+    V.check_data(sim, relevance, label_range=label_range, loss="kendall_sw_loss")
     acc = acc_dtype(sim.dtype)
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_sw_loss"):

@@ -154,8 +154,9 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
-        relevance: (N, M) graded relevance (2^r - 1 gains); no gradient flows to it.
-        tau: temperature of the sigmoid that smooths the rank (> 0).
+        relevance: (N, M) graded relevance >= 0 (2^r - 1 gains; in [0, 1] from
+            fastrank.relevance); no gradient flows to it.
+        tau: temperature of the sigmoid that smooths the rank (a real number > 0).
         direction: "i2t" (rank each row), "t2i" (each column) or "both" (their sum).
         reduction: "mean" (over the lists of each direction, directions summed), "sum",
             or "none" (per-query losses, the N i2t queries first then the M t2i).
@@ -169,14 +170,20 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     Returns the loss in float32 (float64 for float64 sim): a scalar, or (Q,) for "none".
     The native path is one fused forward and one fused backward for both directions,
     with no host synchronisation on CUDA.
+
+    Bad input (SPEC.md 1): the structure of every argument is checked first, then the
+    values in one pass per tensor, where the value check is on (CPU by default, CUDA only
+    with ``FASTRANK_CHECK_FINITE=1``): NaN/inf in sim or relevance, or a negative
+    relevance (every entry, masked ones included), raise ValueError.
     """
-    V.check_sim(sim)
-    V.check_relevance(relevance, sim)
+    V.check_sim(sim, values=False)
+    V.check_relevance(relevance, sim, values=False)
     V.check_mask(mask, sim)
     tau = V.check_positive(tau, "tau")
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
+    V.check_data(sim, relevance, relevance_min=0.0, loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
     return apply(_SmoothNDCG, smooth_ndcg_op, sim, relevance, mask, tau, DIRECTION_CODE[direction],
