@@ -5,12 +5,15 @@
 // has validated shapes, devices, dtypes and strides and allocated every output.
 // The GIL is released while a kernel runs.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 
 #include "fastrank/kendall.h"
 #include "fastrank/kendall_sw.h"
 #include "fastrank/fast_rerank.h"
+#include "fastrank/recall_at_k.h"
+#include "fastrank/smooth_ap.h"
 #include "fastrank/smooth_ndcg.h"
 
 
@@ -52,6 +55,32 @@ PYBIND11_MODULE(_C_cpu, m) {
     fastrank::cpu::smooth_ndcg_backward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(mask),
                                         ms0, ms1, n, mm, dir, red, tau, as<const void>(grad_out), gs,
                                         as<const void>(ws), as<void>(grad));
+  });
+
+  // ---- smooth_ap, recall_at_k and their shared backward (csrc/cpu/smooth_ap.cpp, recall_at_k.cpp) ----
+  m.def("smooth_ap_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask, i64 ms0,
+                                i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau, ptr out,
+                                ptr ws) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::smooth_ap_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(pos), ps0,
+                                     ps1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, with_grad, tau,
+                                     as<void>(out), as<void>(ws));
+  });
+  m.def("recall_at_k_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask,
+                                  i64 ms0, i64 ms1, i64 n, i64 mm, const std::vector<double>& ks,
+                                  const std::vector<double>& tk, int dir, int red, int with_grad, double tau,
+                                  ptr out, ptr ws) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::recall_at_k_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(pos),
+                                       ps0, ps1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, ks.data(),
+                                       tk.data(), static_cast<int>(ks.size()), dir, red, with_grad, tau,
+                                       as<void>(out), as<void>(ws));
+  });
+  m.def("smooth_rank_backward", [](int dt, ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red,
+                                   ptr grad_out, i64 gs, ptr ws, ptr grad) {
+    py::gil_scoped_release nogil;
+    fastrank::cpu::smooth_rank_backward(DType(dt), as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
+                                        as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad));
   });
 
   // ---- kendall (csrc/cpu/kendall.cpp) ----

@@ -15,230 +15,18 @@
 // wrote, after the barrier that ends the i2t loop.
 // The pair loops visit each unordered pair (j, k > j) once: one exp gives
 // sigma(x) for j and sigma(-x) = 1 - sigma(x) for k; `#pragma omp simd` vectorises them
-// (the float exp of common.h is plain arithmetic).
+// (the float exp of common.h is plain arithmetic). The pair passes, the query loop and the
+// elementwise backward are the smooth-rank engine's (smooth_rank.h); this file is its
+// smooth-NDCG head: gains, DCG, IDCG and the rank coefficients.
 #include "fastrank/smooth_ndcg.h"
 
-#include <algorithm>
-#include <functional>
-#include <limits>
-#include <type_traits>
-#include <vector>
+#include "smooth_rank.h"
 
 namespace fastrank {
 namespace cpu {
 namespace {
 
-// The pair loops run over whole vectors: rows are padded to a multiple of kLanes with
-// finite zeros and each inner loop starts at the vector boundary below k = j + 1. Only
-// the first vector (pairs with k <= j) and the last (k >= n) need a 0/1 factor; the
-// vectors between run unmasked. Without this, the scalar remainder of the triangular
-// loop dominates at n ~ 100 (2-3x slower at 128), and a mask on every vector costs
-// integer compares of the index in every lane.
-constexpr int64_t kLanes = 16;
-constexpr int64_t kParallelWork = int64_t(1) << 18;  // below: one thread (no fork/join)
-constexpr int64_t kSigmaCacheBytes = int64_t(4) << 20;  // per thread: lists up to ~1000 items (float)
-constexpr int64_t kCountRanksMax = 512;  // IDCG: rank counting up to here, std::sort above
-inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
-inline int64_t aligned_start(int64_t k) { return k / kLanes * kLanes; }
-
-// The three ranges of the inner loop over k for row j of n items (see above):
-// head [k0, k1) masked (k > j, k < n), bulk [k1, k2) unmasked, tail [k2, pad) masked (k < n).
-struct Ranges {
-  int64_t k0, k1, k2, pad;
-};
-inline Ranges ranges_of(int64_t j, int64_t n) {
-  Ranges r;
-  r.pad = padded(n);
-  r.k0 = aligned_start(j + 1);
-  r.k1 = std::min(r.k0 + kLanes, r.pad);
-  r.k2 = std::max(r.k1, aligned_start(n));
-  return r;
-}
-
-// Length of row j's stored sigma' values: [aligned_start(j + 1), padded(n)).
-inline int64_t tri_row(int64_t j, int64_t n) { return padded(n) - aligned_start(j + 1); }
-inline int64_t tri_size(int64_t n) {
-  int64_t t = 0;
-  for (int64_t j = 0; j < n; ++j) t += tri_row(j, n);
-  return t;
-}
-
-// One direction's (queries, candidates) view of the (n, m) inputs: i2t = rows, t2i =
-// columns (swapped strides). a and grad use the contiguous (n, m) layout of both.
-struct View {
-  int64_t nq, nc;
-  int64_t sq, sc, rq, rc, mq, mc;  // sim, rel, mask strides
-  int64_t aq, ac;                  // a / grad strides
-};
-
-View view_of(bool t2i, int64_t n, int64_t m, int64_t ss0, int64_t ss1, int64_t rs0, int64_t rs1,
-             int64_t ms0, int64_t ms1) {
-  if (!t2i) return View{n, m, ss0, ss1, rs0, rs1, ms0, ms1, m, 1};
-  return View{m, n, ss1, ss0, rs1, rs0, ms1, ms0, 1, m};
-}
-
-// A thread's scratch rows (sized for the longest list of the call).
-template <typename T> struct Scratch {
-  std::vector<T> s, y, p, g, a;
-  std::vector<int64_t> idx;
-  std::vector<T> d;  // sigma' of the rank pass, kept for the gradient pass (empty: recompute)
-  Scratch(int64_t c, bool with_grad)
-      : s(padded(c)), y(padded(c)), p(padded(c)), g(padded(c)), a(padded(c)), idx(c) {
-    if (with_grad && tri_size(c) * int64_t(sizeof(T)) <= kSigmaCacheBytes) d.resize(tri_size(c));
-  }
-};
-
-// Gathers the valid items of one query (x = sim, y = relevance or a) into contiguous
-// rows; returns their count. With a mask, idx[j] = the candidate index of item j.
-template <typename T>
-int64_t gather_valid(const T* x, int64_t xc, const T* y, int64_t yc, const uint8_t* mrow, int64_t mc,
-                     int64_t nc, T* xs, T* ys, int64_t* idx) {
-  if (mrow == nullptr) {
-    gather_row(x, xc, nc, xs);
-    gather_row(y, yc, nc, ys);
-    return nc;
-  }
-  int64_t nv = 0;
-  for (int64_t c = 0; c < nc; ++c) {
-    if (mrow[c * mc]) {
-      idx[nv] = c;
-      xs[nv] = x[c * xc];
-      ys[nv] = y[c * yc];
-      ++nv;
-    }
-  }
-  return nv;
-}
-
-// Calls block(masked, k0, off) for the kLanes-wide blocks of a row (Ranges): the masked
-// head vector, the unmasked bulk, the masked tail vector. masked is std::true_type or
-// std::false_type (a compile-time flag); off is the block's offset into the row's stored
-// sigma' values (tri_row of them, from r.k0).
-template <typename F>
-inline void for_row_blocks(const Ranges& r, F&& block) {
-  int64_t off = 0;
-  if (r.k0 < r.k1) {
-    block(std::true_type{}, r.k0, off);
-    off += kLanes;
-  }
-  for (int64_t k = r.k1; k < r.k2; k += kLanes, off += kLanes) block(std::false_type{}, k, off);
-  if (r.k2 < r.pad) block(std::true_type{}, r.k2, off);
-}
-
-// The sum of a row's per-lane partial sums, in a fixed order.
-template <typename T>
-inline T lane_sum(const T* acc) {
-  T t = 0;
-  for (int64_t l = 0; l < kLanes; ++l) t += acc[l];
-  return t;
-}
-
-// Eq. 16 over the kLanes items k0 .. k0 + kLanes - 1: adds sigma((s_k - s_j) / tau) to
-// lane k - k0 of acc (-> p_j) and sigma((s_j - s_k) / tau) to p_k: one exp per pair.
-// kMasked: only pairs with j < k < n. kStore: also d[k - k0] = sigma'((s_k - s_j) / tau),
-// for the gradient pass. A fixed trip count: one straight vector body, no remainder loop.
-template <bool kMasked, bool kStore, typename T>
-inline void rank_block(const T* __restrict s, T sj, T inv_tau, T* __restrict p, T* __restrict d,
-                       T* __restrict acc, int64_t k0, int64_t j, int64_t n) {
-#pragma omp simd
-  for (int64_t l = 0; l < kLanes; ++l) {
-    const int64_t k = k0 + l;
-    const T x = (s[k] - sj) * inv_tau;
-    const T e = exp_nonpos(x >= T(0) ? -x : x);  // one exp: sigma(|x|) = a, sigma(-|x|) = e * a
-    const T a = T(1) / (T(1) + e);
-    const T b = e * a;
-    T pos = x >= T(0) ? a : b, neg = x >= T(0) ? b : a;
-    if constexpr (kMasked) {
-      const T keep = static_cast<T>((k > j) & (k < n));
-      pos *= keep;
-      neg *= keep;
-    }
-    acc[l] += pos;
-    p[k] += neg;
-    if constexpr (kStore) d[l] = a * b;
-  }
-}
-
-// Row j of the rank pass: the masked head vector, the unmasked bulk, the masked tail
-// vector (Ranges); returns sum_{k > j} sigma((s_k - s_j) / tau). With kStore, row j's
-// sigma' values go to d[0 .. r.pad - r.k0).
-template <bool kStore, typename T>
-inline T rank_row(const T* __restrict s, T sj, T inv_tau, T* __restrict p, T* __restrict d, const Ranges& r,
-                  int64_t j, int64_t n) {
-  alignas(64) T acc[kLanes] = {};
-  for_row_blocks(r, [&](auto masked, int64_t k0, int64_t off) {
-    rank_block<decltype(masked)::value, kStore>(s, sj, inv_tau, p, kStore ? d + off : d, acc, k0, j, n);
-  });
-  return lane_sum(acc);
-}
-
-// p_j = 1 + sum_{k != j} sigma((s_k - s_j) / tau) over the nv items of s (s padded with
-// finite values up to padded(nv)); pairs (j, k > j) once. With d != null, the pairs'
-// sigma' values are kept, row after row (tri_row(j, nv) values for row j).
-template <typename T>
-void smooth_ranks(const T* __restrict s, int64_t nv, T inv_tau, T* __restrict p, T* __restrict d) {
-  std::fill(p, p + padded(nv), T(1));
-  for (int64_t j = 0; j < nv; ++j) {
-    const Ranges r = ranges_of(j, nv);
-    if (d != nullptr) {
-      p[j] += rank_row<true>(s, s[j], inv_tau, p, d, r, j, nv);
-      d += r.pad - r.k0;
-    } else {
-      p[j] += rank_row<false>(s, s[j], inv_tau, p, d, r, j, nv);
-    }
-  }
-}
-
-// Over the kLanes items k0 .. k0 + kLanes - 1: t = sigma'((s_k - s_m) / tau) (a_k - a_m)
-// added to lane k - k0 of acc (-> g_m) and subtracted from g_k. kMasked: only pairs with
-// m < k < n. kCached: sigma' is read from d[k - k0] (stored by smooth_ranks) instead of
-// computed.
-template <bool kMasked, bool kCached, typename T>
-inline void grad_block(const T* __restrict s, const T* __restrict d, const T* __restrict a, T sm, T am,
-                       T inv_tau, T* __restrict g, T* __restrict acc, int64_t k0, int64_t m, int64_t n) {
-#pragma omp simd
-  for (int64_t l = 0; l < kLanes; ++l) {
-    const int64_t k = k0 + l;
-    T sd;
-    if constexpr (kCached) sd = d[l];
-    else sd = logistic_deriv((s[k] - sm) * inv_tau);
-    T t = sd * (a[k] - am);
-    if constexpr (kMasked) t *= static_cast<T>((k > m) & (k < n));
-    acc[l] += t;
-    g[k] -= t;
-  }
-}
-
-// Row m of the gradient pass (head, bulk, tail as in rank_row); returns
-// sum_{k > m} sigma'((s_k - s_m) / tau) (a_k - a_m). With kCached, row m's sigma' values
-// are read from d[0 .. r.pad - r.k0).
-template <bool kCached, typename T>
-inline T grad_row(const T* __restrict s, const T* __restrict d, const T* __restrict a, T inv_tau,
-                  T* __restrict g, const Ranges& r, int64_t m, int64_t n) {
-  alignas(64) T acc[kLanes] = {};
-  const T sm = s[m], am = a[m];
-  for_row_blocks(r, [&](auto masked, int64_t k0, int64_t off) {
-    grad_block<decltype(masked)::value, kCached>(s, kCached ? d + off : d, a, sm, am, inv_tau, g, acc, k0, m, n);
-  });
-  return lane_sum(acc);
-}
-
-// g_m = sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m); pairs (m, k > m) once
-// (s and a padded with finite values up to padded(nv)); sigma' from d when not null.
-template <typename T>
-void rank_grad(const T* __restrict s, const T* __restrict d, const T* __restrict a, int64_t nv, T inv_tau,
-               T* __restrict g) {
-  std::fill(g, g + padded(nv), T(0));
-  for (int64_t m = 0; m < nv; ++m) {
-    const Ranges r = ranges_of(m, nv);
-    if (d != nullptr) {
-      g[m] += grad_row<true>(s, d, a, inv_tau, g, r, m, nv);
-      d += r.pad - r.k0;
-    } else {
-      g[m] += grad_row<false>(s, d, a, inv_tau, g, r, m, nv);
-    }
-  }
-}
+using namespace rank;  // the smooth-rank engine (smooth_rank.h): the all-items pair passes
 
 // One query of the forward: returns its loss, writes its IDCG and, with_grad, its row of
 // G = d DCG / d s * tau (the gradient up to the per-query factor -w / (tau * IDCG) that
@@ -333,91 +121,37 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
   return (ideal > T(0) ? T(1) - dcg / ideal : T(0)) + poison(dcg);
 }
 
-using Layout = SmoothNDCGLayout;  // offsets into ws (smooth_ndcg.h)
-
 template <typename T>
 void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t rs0, int64_t rs1,
                   const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                   int reduction, bool with_grad, T tau, T* out, T* ws) {
-  const Layout L = smooth_ndcg_layout(n, m, direction);
-  const View v1 = view_of(false, n, m, ss0, ss1, rs0, rs1, ms0, ms1);
-  const View v2 = view_of(true, n, m, ss0, ss1, rs0, rs1, ms0, ms1);
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  const View v[2] = {view_of(false, n, m, ss0, ss1, rs0, rs1, ms0, ms1),
+                     view_of(true, n, m, ss0, ss1, rs0, rs1, ms0, ms1)};
   const T inv_tau = T(1) / tau;
   const int64_t c_max = std::max(L.d1 ? m : 0, L.d2 ? n : 0);
   std::vector<T> disc(c_max);  // IDCG discounts 1 / log2(1 + p), p = 1..c_max
   for (int64_t i = 0; i < c_max; ++i) disc[i] = ndcg_discount(T(i + 1));
-  std::vector<int64_t> n_valid(L.q);
-  T* qloss = ws + L.qloss;
   T* idcg = ws + L.idcg;
+  T* G[2] = {ws + L.a1, ws + L.a2};
   const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
-#pragma omp parallel if (work >= kParallelWork)
-  {
-    Scratch<T> w(c_max, with_grad);
-    if (L.d1) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t q = 0; q < n; ++q)
-        qloss[q] = forward_query(v1, q, sim, rel, mask, inv_tau, disc.data(), w, with_grad, ws + L.a1, idcg,
-                                 &n_valid[q]);
-    }
-    if (L.d2) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t q = 0; q < m; ++q)
-        qloss[L.nq1 + q] = forward_query(v2, q, sim, rel, mask, inv_tau, disc.data(), w, with_grad,
-                                         ws + L.a2, idcg + L.nq1, &n_valid[L.nq1 + q]);
-    }
-  }
-  // reduction, in a fixed order: per direction the sum and the count of non-empty lists
-  T total = 0;
-  const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
-  for (int d = 0; d < 2; ++d) {
-    T sum = 0;
-    int64_t count = 0;
-    for (int64_t q = off[d]; q < off[d] + len[d]; ++q) {
-      sum += qloss[q];
-      count += n_valid[q] > 0;
-      if (reduction == kNone) out[q] = qloss[q];
-    }
-    ws[L.counts + d] = static_cast<T>(count);
-    if (reduction == kMean) total += count > 0 ? sum / static_cast<T>(count) : T(0);
-    if (reduction == kSum) total += sum;
-  }
-  if (reduction != kNone) out[0] = total;
+  run_queries<T>(L, n, m, work, reduction, out, ws, [&] { return Scratch<T>(c_max, with_grad); },
+                 [&](Scratch<T>& w, int d, int64_t q, int64_t* counted) {
+                   return forward_query(v[d], q, sim, rel, mask, inv_tau, disc.data(), w, with_grad, G[d],
+                                        idcg + (d == 0 ? 0 : L.nq1), counted);
+                 });
 }
 
-// The backward is elementwise: grad[i, j] = c_i2t[i] * G_i2t[i, j] + c_t2i[j] * G_t2i[i, j]
-// with the per-query factor c = -w / (tau * IDCG) (w = d out / d query loss); a constant
-// query loss (c = 0) still passes a non-finite G on. Masked entries get exactly 0.
+// G carries the gradient up to the per-query factor -1 / (tau * IDCG) (0 for a constant loss).
 template <typename T>
 void backward_impl(const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                    int reduction, T tau, const T* grad_out, int64_t gs, const T* ws, T* grad) {
-  const Layout L = smooth_ndcg_layout(n, m, direction);
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   const T inv_tau = T(1) / tau;
   const T* idcg = ws + L.idcg;
-  T scale[2];
-  for (int d = 0; d < 2; ++d) {
-    const T count = ws[L.counts + d];
-    scale[d] = reduction == kMean ? (count > T(0) ? T(1) / count : T(0)) : T(1);
-  }
-  auto coef = [&](int d, int64_t qi) {
-    const T wq = reduction == kNone ? grad_out[qi * gs] : grad_out[0] * scale[d];
-    return idcg[qi] > T(0) ? -wq * inv_tau / idcg[qi] : T(0);
-  };
-  auto term = [](T c, T g) { return c == T(0) ? poison(g) : c * g; };
-  std::vector<T> c2(L.d2 ? m : 0);
-  for (int64_t j = 0; j < static_cast<int64_t>(c2.size()); ++j) c2[j] = coef(1, L.nq1 + j);
-  const T* G1 = ws + L.a1;
-  const T* G2 = ws + L.a2;
-#pragma omp parallel for schedule(static) if (n * m >= kParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
-    const T c1 = L.d1 ? coef(0, i) : T(0);
-    T* out = grad + i * m;
-    for (int64_t j = 0; j < m; ++j) {
-      T v = 0;
-      if (L.d1) v += term(c1, G1[i * m + j]);
-      if (L.d2) v += term(c2[j], G2[i * m + j]);
-      out[j] = (mask == nullptr || mask[i * ms0 + j * ms1]) ? v : T(0);
-    }
-  }
+  backward_elementwise<T>(L, mask, ms0, ms1, n, m, reduction, grad_out, gs, ws, grad, [&](int, int64_t qi) {
+    return idcg[qi] > T(0) ? -inv_tau / idcg[qi] : T(0);
+  });
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ constexpr int kThreads = kTile * kTile;    // one thread per element of the tile
 constexpr int kChunk = 32;                 // candidates staged per shared-memory step
 constexpr int kFinalThreads = 1024;        // finalize: one block (power of two)
 
-using Layout = SmoothNDCGLayout;  // offsets into ws (smooth_ndcg.h)
+using Layout = SmoothRankLayout;  // offsets into ws (smooth_rank.h)
 
 inline int64_t tiles(int64_t x) { return (x + kTile - 1) / kTile; }
 
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kFinalThreads)
 finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict__ part1,
          const A* __restrict__ part2, A* __restrict__ ws, A* __restrict__ out) {
   __shared__ A scratch[kFinalThreads];
-  const Layout L = smooth_ndcg_layout(n, m, direction);
+  const Layout L = smooth_rank_layout(n, m, direction);
   A total = 0;
   int64_t off = 0;
   for (int d = 0; d < 2; ++d) {
@@ -198,7 +198,7 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
   __shared__ A sh_s[kTile][kChunk + 1];
   __shared__ A sh_a[kTile][kChunk + 1];
   __shared__ bool sh_v[kTile][kChunk + 1];
-  const Layout L = smooth_ndcg_layout(n, m, direction);
+  const Layout L = smooth_rank_layout(n, m, direction);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const int64_t i0 = int64_t(blockIdx.x) / tiles_m * kTile, j0 = int64_t(blockIdx.x) % tiles_m * kTile;
   const int64_t i = i0 + ty, j = j0 + tx;
@@ -248,7 +248,7 @@ int launch_forward(const void* sim, int64_t ss0, int64_t ss1, const void* rel, i
                    const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
                    int reduction, double tau, void* out, void* ws, void* partials, cudaStream_t st) {
   using A = acc_t<T>;
-  const Layout L = smooth_ndcg_layout(n, m, direction);
+  const Layout L = smooth_rank_layout(n, m, direction);
   const unsigned grid = flat_grid(tiles(n) * tiles(m));
   if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
   A* w = static_cast<A*>(ws);

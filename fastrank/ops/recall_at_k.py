@@ -1,10 +1,10 @@
 """recall_at_k_loss: the Recall@k surrogate (SPEC.md 2.9; Patel, Tolias, Matas, CVPR 2022).
 
 Built on the same smooth rank as smooth_ndcg and smooth_ap (R_all of SPEC.md 2.8), one
-engine for the three losses. Today every ``impl`` runs the pure-PyTorch reference
-(fastrank/reference/recall_at_k.py), except ``impl="native"``, which raises. The fused
-kernel plugs in at one place, marked "native dispatch" below: :func:`_native` and
-:data:`HAS_KERNEL`.
+engine for the three losses. Native path: one fused forward (every requested direction,
+the reduction and each query's gradient row, O(|P| * M) pair work per query) and smooth_ap's
+elementwise backward (csrc/cpu/recall_at_k.cpp, csrc/cuda/recall_at_k.cu,
+fastrank/ops/_smooth_rank.py); the pure-PyTorch reference is fastrank/reference/recall_at_k.py.
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from .. import _validation as V
 from .._native import acc_dtype, has_native
 from .._reduce import directions, orient, reduce_counted
 from ..reference.recall_at_k import recall_at_k_per_query
+from . import _smooth_rank as SR
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
+MAX_KS = 32  # csrc/include/fastrank/recall_at_k.h: kMaxKs
 
 
 # ---------------------------------------------------------------- hyper-parameters
@@ -30,6 +32,8 @@ def check_ks(ks) -> Tuple[int, ...]:
     items = ks if isinstance(ks, (tuple, list)) else (ks,)
     if not items:
         raise ValueError("ks must be a positive int or a non-empty sequence of positive ints, got an empty one")
+    if len(items) > MAX_KS:
+        raise ValueError(f"ks holds at most {MAX_KS} values (the kernels take them by value), got {len(items)}")
     out = []
     for k in items:
         try:
@@ -53,25 +57,45 @@ def check_tau_k(tau_k, n: int) -> Tuple[float, ...]:
     return (V.check_positive(tau_k, "tau_k"),) * n
 
 
-# ---------------------------------------------------------------- native dispatch
-#: True once the fused recall_at_k kernels exist and :func:`_native` calls them; until
-#: then impl="auto" runs the reference and impl="native" raises.
-HAS_KERNEL = False
+# ---------------------------------------------------------------- native: one fused op
+# One forward kernel call (every requested direction, the reduction, each query's gradient
+# row) and smooth_ap's elementwise backward: fastrank/ops/_smooth_rank.py. Eager calls go
+# through an autograd.Function (the cheapest path); torch.compile through the custom op.
+@torch.library.custom_op("fastrank::recall_at_k", mutates_args=())
+def recall_at_k_op(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
+                   tau: float, direction: int, reduction: int) -> tuple[Tensor, Tensor]:
+    """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
+    (accumulation dtype) is what the backward needs."""
+    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k), tau, direction, reduction)
+
+
+@recall_at_k_op.register_fake
+def _(sim, positives, mask, ks, tau_k, tau, direction, reduction):
+    return SR.fake_forward(sim, direction, reduction)
+
+
+def _setup_context(ctx, inputs, output):
+    sim, _, mask = inputs[:3]
+    ctx.save_for_backward(sim, mask, output[1])
+    ctx.codes = (inputs[6], inputs[7])
+
+
+def _op_backward(ctx, grad_out, grad_ws):
+    sim, mask, ws = ctx.saved_tensors
+    return (SR.smooth_rank_backward_op(grad_out, sim, mask, ws, *ctx.codes),) + (None,) * 7
+
+
+torch.library.register_autograd("fastrank::recall_at_k", _op_backward, setup_context=_setup_context)
 
 
 def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: Tuple[int, ...],
             tau: float, tau_k: Tuple[float, ...], direction: int, reduction: int) -> Tensor:
     """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (SPEC.md 2.9). Arguments as validated by recall_at_k_loss, with
-    the direction and reduction as kernel codes (ops/_launch.py)."""
-    raise RuntimeError("fastrank: impl='native' asked for recall_at_k_loss, but there is no recall_at_k "
-                       "kernel yet; use impl='auto' or impl='reference'")
-
-
-def _use_native(device: torch.device, impl: str) -> bool:
-    if impl == "native":
-        return True            # _native raises while there is no kernel, as impl='native' must
-    return HAS_KERNEL and has_native(device, impl, "recall_at_k_loss")
+    pair work per i2t query (SPEC.md 2.9)."""
+    kf, tf = [float(k) for k in ks], [float(t) for t in tau_k]
+    if torch.compiler.is_compiling():
+        return recall_at_k_op(sim, positives, mask, kf, tf, tau, direction, reduction)[0]
+    return SR.Function.apply("recall_at_k_forward", sim, positives, mask, (kf, tf), tau, direction, reduction)
 
 
 # ---------------------------------------------------------------- reference
@@ -113,7 +137,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
         reduction: "mean" (over the queries of each direction that have at least one
             positive in their list, directions summed; 0 if none has), "sum", or "none"
             (per-query losses, the N i2t queries first then the M t2i).
-        impl: "auto", "native" or "reference" (no native kernel yet: "native" raises).
+        impl: "auto", "native" or "reference".
         mask: optional bool (N, M), True = the item is in the list (SPEC.md 2.1a). A
             masked entry is in no rank and no positive set and its gradient is exactly 0.
 
@@ -121,7 +145,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
     float32): a scalar, or (Q,) for "none".
     """
-    V.check_sim(sim)
+    V.check_sim(sim, values=False)
     positives = V.check_positives(positives, sim)
     V.check_mask(mask, sim)
     ks = check_ks(ks)
@@ -130,7 +154,8 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
-    if _use_native(sim.device, impl):
+    V.check_data(sim, loss="recall_at_k_loss")
+    if has_native(sim.device, impl, "recall_at_k_loss"):
         return _native(sim, positives, mask, ks, tau, tau_k, DIRECTION_CODE[direction],
                        REDUCTION_CODE[reduction])
     return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)

@@ -4,9 +4,10 @@ Smooth-AP is built on the smooth rank of smooth-NDCG (SPEC.md 2.1): per query, e
 positive's rank among the whole list, R_all, and among the positives, R_pos. One engine
 serves the three smooth-rank losses (smooth_ndcg, smooth_ap, recall_at_k).
 
-Today every ``impl`` runs the pure-PyTorch reference (fastrank/reference/smooth_ap.py),
-except ``impl="native"``, which raises. The fused kernel plugs in at one place, marked
-"native dispatch" below: :func:`_native` and :data:`HAS_KERNEL`.
+Native path: one fused forward (every requested direction, the reduction and each query's
+gradient row, O(|P| * M) pair work per query) and one elementwise backward
+(csrc/cpu/smooth_ap.cpp, csrc/cuda/smooth_ap.cu, fastrank/ops/_smooth_rank.py); the
+pure-PyTorch reference is fastrank/reference/smooth_ap.py.
 """
 from __future__ import annotations
 
@@ -19,28 +20,48 @@ from .. import _validation as V
 from .._native import acc_dtype, has_native
 from .._reduce import directions, orient, reduce_counted
 from ..reference.smooth_ap import smooth_ap_per_query
+from . import _smooth_rank as SR
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 
 
-# ---------------------------------------------------------------- native dispatch
-#: True once the fused smooth_ap kernels exist and :func:`_native` calls them; until then
-#: impl="auto" runs the reference and impl="native" raises.
-HAS_KERNEL = False
+# ---------------------------------------------------------------- native: one fused op
+# One forward kernel call (every requested direction, the reduction, each query's gradient
+# row) and one elementwise backward: fastrank/ops/_smooth_rank.py. Eager calls go through
+# an autograd.Function (the cheapest path); torch.compile through the custom op.
+@torch.library.custom_op("fastrank::smooth_ap", mutates_args=())
+def smooth_ap_op(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
+                 reduction: int) -> tuple[Tensor, Tensor]:
+    """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
+    (accumulation dtype) is what the backward needs."""
+    return SR.forward("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
+
+
+@smooth_ap_op.register_fake
+def _(sim, positives, mask, tau, direction, reduction):
+    return SR.fake_forward(sim, direction, reduction)
+
+
+def _setup_context(ctx, inputs, output):
+    sim, _, mask, _, direction, reduction = inputs
+    ctx.save_for_backward(sim, mask, output[1])
+    ctx.codes = (direction, reduction)
+
+
+def _op_backward(ctx, grad_out, grad_ws):
+    sim, mask, ws = ctx.saved_tensors
+    return SR.smooth_rank_backward_op(grad_out, sim, mask, ws, *ctx.codes), None, None, None, None, None
+
+
+torch.library.register_autograd("fastrank::smooth_ap", _op_backward, setup_context=_setup_context)
 
 
 def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
             reduction: int) -> Tensor:
     """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (SPEC.md 2.8). Arguments as validated by smooth_ap_loss, with
-    the direction and reduction as kernel codes (ops/_launch.py)."""
-    raise RuntimeError("fastrank: impl='native' asked for smooth_ap_loss, but there is no smooth_ap "
-                       "kernel yet; use impl='auto' or impl='reference'")
-
-
-def _use_native(device: torch.device, impl: str) -> bool:
-    if impl == "native":
-        return True            # _native raises while there is no kernel, as impl='native' must
-    return HAS_KERNEL and has_native(device, impl, "smooth_ap_loss")
+    pair work per i2t query (SPEC.md 2.8)."""
+    if torch.compiler.is_compiling():
+        return smooth_ap_op(sim, positives, mask, tau, direction, reduction)[0]
+    return SR.Function.apply("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
 
 
 # ---------------------------------------------------------------- reference
@@ -75,7 +96,7 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
         reduction: "mean" (over the queries of each direction that have at least one
             positive in their list, directions summed; 0 if none has), "sum", or "none"
             (per-query losses, the N i2t queries first then the M t2i).
-        impl: "auto", "native" or "reference" (no native kernel yet: "native" raises).
+        impl: "auto", "native" or "reference".
         mask: optional bool (N, M), True = the item is in the list (SPEC.md 2.1a): row i's
             i2t list is {j : mask[i, j]}, column j's t2i list is {i : mask[i, j]}. A masked
             entry is in no rank and no positive set and its gradient is exactly 0.
@@ -84,14 +105,15 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
     Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
     float32): a scalar, or (Q,) for "none".
     """
-    V.check_sim(sim)
+    V.check_sim(sim, values=False)
     positives = V.check_positives(positives, sim)
     V.check_mask(mask, sim)
     tau = V.check_positive(tau, "tau")
     V.check_direction(direction)
     V.check_reduction(reduction)
     impl = V.check_impl(impl)
-    if _use_native(sim.device, impl):
+    V.check_data(sim, loss="smooth_ap_loss")
+    if has_native(sim.device, impl, "smooth_ap_loss"):
         return _native(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, tau, direction, reduction, mask)
 

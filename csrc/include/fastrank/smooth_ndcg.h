@@ -35,33 +35,14 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/smooth_rank.h"
 
 namespace fastrank {
 
-// Offsets into ws (the layout above), shared by the CPU and CUDA kernels.
-struct SmoothNDCGLayout {
-  bool d1, d2;                        // i2t, t2i requested
-  int64_t nq1, nq2, q;                // queries per direction, Q
-  int64_t a1, a2, idcg, qloss, counts;
-};
-
-FR_HD SmoothNDCGLayout smooth_ndcg_layout(int64_t n, int64_t m, int direction) {
-  SmoothNDCGLayout l;
-  l.d1 = (direction & kI2T) != 0;
-  l.d2 = (direction & kT2I) != 0;
-  l.nq1 = l.d1 ? n : 0;
-  l.nq2 = l.d2 ? m : 0;
-  l.q = l.nq1 + l.nq2;
-  l.a1 = 0;
-  l.a2 = l.d1 ? n * m : 0;
-  l.idcg = (int64_t(l.d1) + int64_t(l.d2)) * n * m;
-  l.qloss = l.idcg + l.q;
-  l.counts = l.qloss + l.q;
-  return l;
-}
-
+// ws is the smooth-rank engine's workspace (smooth_rank.h): w_d as described above, aux =
+// the per-query IDCG.
 inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
-  return smooth_ndcg_layout(n, m, direction).counts + 2;
+  return smooth_rank_ws_numel(n, m, direction);
 }
 
 namespace cpu {

@@ -1,0 +1,34 @@
+// Recall@k surrogate kernels (SPEC.md 2.9; Patel, Tolias, Matas, CVPR 2022): entry points,
+// a head of the smooth-rank engine (smooth_rank.h).
+//
+// As smooth_ap.h (sim, positives, mask, directions, reductions, workspace), with, per query,
+// for j in P: r_j = R_all(j) and, for each of the n_k values k (ks[i], temperature tk[i]):
+//   h_k  = sum_{j in P} sigma((k - r_j) / tk)
+//   R@k  = min(k, h_k) / min(k, |P|)
+//   loss = 1 - (1 / n_k) sum_k R@k; 0 when P is empty.
+// (the derivative of min(k, h) is taken as 1 where h <= k, as torch.clamp's.) ks and tk hold
+// n_k <= kMaxKs values (host memory on the CPU; passed by value to the CUDA kernels).
+#pragma once
+#include <cstdint>
+
+#include "fastrank/common.h"
+#include "fastrank/smooth_rank.h"
+
+namespace fastrank {
+
+constexpr int kMaxKs = 32;  // fastrank/ops/recall_at_k.py: MAX_KS
+
+namespace cpu {
+void recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                         int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                         const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
+                         double tau, void* out, void* ws);
+}  // namespace cpu
+
+namespace cuda {
+int recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                        int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                        const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
+                        double tau, void* out, void* ws, void* partials, void* stream);
+}  // namespace cuda
+}  // namespace fastrank

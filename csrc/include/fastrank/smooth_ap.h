@@ -1,0 +1,45 @@
+// Smooth-AP kernels (SPEC.md 2.8; Brown et al., ECCV 2020): entry points, a head of the
+// smooth-rank engine (smooth_rank.h).
+//
+// sim, positives and mask are strided (n, m) matrices (strides in elements); the i2t queries
+// are the rows, the t2i queries the columns (swapped strides). positives and mask are bool
+// matrices read as bytes; mask may be null (every item in the list). Per query, with its list
+// L (the valid items) and positives P in L (the rows of the engine):
+//   R_all(j) = 1 + sum_{k in L, k != j} sigma((s_k - s_j) / tau)
+//   R_pos(j) = 1 + sum_{k in P, k != j} sigma((s_k - s_j) / tau)       for j in P
+//   loss     = 1 - (1 / |P|) sum_{j in P} R_pos(j) / R_all(j); 0 when P is empty
+// Pair work O(|P| * |L|) per query. "mean" = the sum over directions of the mean over the
+// queries with a positive (0 if none), "sum", or the per-query losses (none; i2t first).
+// Workspace ws (smooth_rank.h): w_d = G_d, the per-query gradient d loss_q / d sim in the
+// (n, m) layout, complete (the backward multiplies it by the upstream weight only).
+// A non-finite score poisons its query's loss and its own gradient entry.
+#pragma once
+#include <cstdint>
+
+#include "fastrank/common.h"
+#include "fastrank/smooth_rank.h"
+
+namespace fastrank {
+namespace cpu {
+void smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                       int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                       int direction, int reduction, int with_grad, double tau, void* out, void* ws);
+// Shared by Smooth-AP and Recall@k: grad = sum over directions of w_q * G_d (masked: 0).
+void smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                          int direction, int reduction, const void* grad_out, int64_t gs, const void* ws,
+                          void* grad);
+}  // namespace cpu
+
+namespace cuda {
+// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t. `partials`:
+// smooth_rank_partials_numel(n, m, direction) accumulation-type elements, used by the
+// forward only (the ranks and coefficients of the positives).
+int smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                      int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                      int direction, int reduction, int with_grad, double tau, void* out, void* ws,
+                      void* partials, void* stream);
+int smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                         int direction, int reduction, const void* grad_out, int64_t gs, const void* ws,
+                         void* grad, void* stream);
+}  // namespace cuda
+}  // namespace fastrank

@@ -1,0 +1,104 @@
+"""The native path shared by the smooth-rank engine's subset heads, smooth_ap and
+recall_at_k (csrc/cpu/smooth_rank.h, csrc/cuda/smooth_rank.cuh).
+
+One forward kernel call per loss call computes every requested direction (t2i through
+swapped strides), the reduction, and each query's gradient row G = d loss_q / d sim
+(csrc/include/fastrank/smooth_rank.h: the workspace ``ws``), in pair work O(|P| * M) per
+query: the positives are the rows the engine ranks. The backward, the same for both heads,
+is one elementwise kernel call (``fastrank::smooth_rank_backward``) that scales G by the
+upstream gradient: no second pair pass, no host sync.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .._native import acc_dtype
+from ._launch import call, cuda_kernels, kernel_dtype, mask_args, mat
+
+
+def sizes(n: int, m: int, direction: int):
+    """(number of per-query losses, elements of ws) for a direction code."""
+    d1, d2 = direction & 1, (direction >> 1) & 1
+    q = d1 * n + d2 * m
+    return q, (d1 + d2) * n * m + 2 * q + 2
+
+
+def partials_numel(n: int, m: int, direction: int) -> int:
+    """CUDA: the positives' ranks and coefficients during the forward (four (n, m) arrays a
+    direction, freed after it)."""
+    return 4 * ((direction & 1) + ((direction >> 1) & 1)) * n * m
+
+
+def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head_args: Sequence,
+            tau: float, direction: int, reduction: int, with_grad: bool = True):
+    """(loss, ws) of the forward kernel ``kernel`` (smooth_ap_forward, recall_at_k_forward):
+    loss is () for mean/sum, (Q,) for none, in the accumulation dtype."""
+    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
+    acc = acc_dtype(s.dtype)
+    n, m = s.shape
+    q, ws_numel = sizes(n, m, direction)
+    out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
+    ws = s.new_empty((ws_numel,), dtype=acc)
+    args = (*mat(s), *mat(positives), *mask_args(mask), n, m, *head_args, direction, reduction, int(with_grad),
+            tau, out.data_ptr(), ws.data_ptr())
+    if cuda_kernels(s):
+        part = s.new_empty((partials_numel(n, m, direction),), dtype=acc)
+        call(kernel, s, *args, part.data_ptr())
+    else:
+        call(kernel, s, *args)
+    return out, ws
+
+
+def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
+             reduction: int) -> Tensor:
+    """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
+    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
+    if grad_out.dtype != ws.dtype:
+        grad_out = grad_out.to(ws.dtype)
+    gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
+    n, m = s.shape
+    grad = s.new_empty((n, m))
+    call("smooth_rank_backward", s, *mask_args(mask), n, m, direction, reduction, grad_out.data_ptr(), gs,
+         ws.data_ptr(), grad.data_ptr())
+    return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
+
+
+@torch.library.custom_op("fastrank::smooth_rank_backward", mutates_args=())
+def smooth_rank_backward_op(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
+                            reduction: int) -> Tensor:
+    """The backward of fastrank::smooth_ap and fastrank::recall_at_k."""
+    return backward(grad_out, sim, mask, ws, direction, reduction)
+
+
+@smooth_rank_backward_op.register_fake
+def _(grad_out, sim, mask, ws, direction, reduction):
+    return sim.new_empty(sim.shape)
+
+
+def fake_forward(sim: Tensor, direction: int, reduction: int):
+    """The (loss, ws) of a forward op, for its register_fake."""
+    acc = acc_dtype(sim.dtype)
+    q, ws_numel = sizes(sim.shape[0], sim.shape[1], direction)
+    return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc), sim.new_empty((ws_numel,), dtype=acc))
+
+
+class Function(torch.autograd.Function):
+    """The eager path of a subset head: forward(ctx, kernel, sim, positives, mask, head_args,
+    tau, direction, reduction) -> loss. The same wrappers as the custom ops."""
+
+    @staticmethod
+    def forward(ctx, kernel, sim, positives, mask, head_args, tau, direction, reduction):
+        out, ws = forward(kernel, sim, positives, mask, head_args, tau, direction, reduction,
+                          ctx.needs_input_grad[1])
+        ctx.save_for_backward(sim, mask, ws)
+        ctx.codes = (direction, reduction)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        sim, mask, ws = ctx.saved_tensors
+        grad = backward(grad_out, sim, mask, ws, *ctx.codes) if ctx.needs_input_grad[1] else None
+        return None, grad, None, None, None, None, None, None
