@@ -32,7 +32,8 @@ pytestmark = pytest.mark.emulated
 
 MATRIX = HERE / "cuda_matrix"
 # the matrix in two child processes that run side by side (about equal halves)
-MATRIX_GROUPS = [["test_kendall.py", "test_fast_rerank.py"], ["test_smooth_ndcg.py", "test_kendall_sw.py"]]
+MATRIX_GROUPS = [["test_kendall.py", "test_fast_rerank.py", "test_kendall_sw.py"],
+                 ["test_smooth_ndcg.py", "test_smooth_ap.py"]]
 
 
 def _built(fn):

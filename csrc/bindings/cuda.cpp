@@ -5,6 +5,7 @@
 // returns a cudaError_t as int; `check` turns a failure into a RuntimeError.
 // Compiled by the host compiler: it includes no CUDA header.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -13,7 +14,9 @@
 #include "fastrank/kendall.h"
 #include "fastrank/kendall_sw.h"
 #include "fastrank/fast_rerank.h"
+#include "fastrank/recall_at_k.h"
 #include "fastrank/runtime.h"
+#include "fastrank/smooth_ap.h"
 #include "fastrank/smooth_ndcg.h"
 
 namespace py = pybind11;
@@ -56,6 +59,38 @@ PYBIND11_MODULE(_C_cuda, m) {
                                                as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad),
                                                as<void>(stream)),
           "smooth_ndcg_backward");
+  });
+
+  // ---- smooth_ap, recall_at_k and their shared backward (csrc/cuda/smooth_ap.cu, recall_at_k.cu) ----
+  m.def("smooth_ap_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask, i64 ms0,
+                                i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau, ptr out, ptr ws,
+                                ptr partials, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::smooth_ap_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(pos),
+                                            ps0, ps1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
+                                            with_grad, tau, as<void>(out), as<void>(ws), as<void>(partials),
+                                            as<void>(stream)),
+          "smooth_ap_forward");
+  });
+  m.def("recall_at_k_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask,
+                                  i64 ms0, i64 ms1, i64 n, i64 mm, const std::vector<double>& ks,
+                                  const std::vector<double>& tk, int dir, int red, int with_grad, double tau,
+                                  ptr out, ptr ws, ptr partials, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::recall_at_k_forward(DType(dt), as<const void>(sim), ss0, ss1,
+                                              as<const std::uint8_t>(pos), ps0, ps1, as<const std::uint8_t>(mask),
+                                              ms0, ms1, n, mm, ks.data(), tk.data(), static_cast<int>(ks.size()),
+                                              dir, red, with_grad, tau, as<void>(out), as<void>(ws),
+                                              as<void>(partials), as<void>(stream)),
+          "recall_at_k_forward");
+  });
+  m.def("smooth_rank_backward", [](int dt, ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red,
+                                   ptr grad_out, i64 gs, ptr ws, ptr grad, ptr stream) {
+    py::gil_scoped_release nogil;
+    check(fastrank::cuda::smooth_rank_backward(DType(dt), as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
+                                               as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad),
+                                               as<void>(stream)),
+          "smooth_rank_backward");
   });
 
   // ---- kendall (csrc/cuda/kendall.cu) ----

@@ -172,7 +172,8 @@ def reference_case(ref_fn: Callable, sim, rel, direction, reduction, mask=None, 
     n, m = sim.shape
     w = weights(n, m, direction, reduction)
     s = sim.detach().double().cpu().requires_grad_(True)
-    loss = ref_fn(s, rel.double().cpu(), direction, reduction, None if mask is None else mask.cpu())
+    r = rel.double().cpu() if rel.is_floating_point() else rel.cpu()  # labels, or bool positives
+    loss = ref_fn(s, r, direction, reduction, None if mask is None else mask.cpu())
     if grad_layout == "expanded":
         upstream = torch.ones_like(loss)
     else:
@@ -200,7 +201,7 @@ def low_precision_errors(loss_fn, ref_fn, sim, rel, dtype, device):
     want = reference_case(ref_fn, rounded, rel, "both", "none")
     got = run_case(loss_fn, rounded, rel, "both", "none", dtype=dtype, device=device)
     s = rounded.to(dtype).requires_grad_(True)
-    lp = ref_fn(s, rel.to(dtype), "both", "none", None)
+    lp = ref_fn(s, rel.to(dtype) if rel.is_floating_point() else rel, "both", "none", None)
     (g,) = torch.autograd.grad(lp, s, grad_outputs=weights(*sim.shape, "both", "none").to(lp.dtype))
     kern = max((got[0].double().cpu() - want[0]).abs().max().item(), (got[1].double().cpu() - want[1]).abs().max().item())
     ref = max((lp.detach().double() - want[0]).abs().max().item(), (g.double() - want[1]).abs().max().item())

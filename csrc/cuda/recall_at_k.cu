@@ -1,0 +1,68 @@
+// The Recall@k surrogate on CUDA (SPEC.md 2.9): the smooth-rank engine's positive-row
+// kernels (smooth_rank.cuh: tiling, memory plan, launches) with this head: per k the smooth
+// count h_k = sum_j sigma((k - r_j) / tk) of the positives in the top k, R@k =
+// min(k, h_k) / min(k, |P|), and each rank's coefficient
+//   u_j = (1 / n_k) sum_{k : h_k <= k} sigma'((k - r_j) / tk) / (tk min(k, |P|)).
+// ks and their temperatures travel by value in the head (at most kMaxKs): no host-device
+// copy. The backward is Smooth-AP's (smooth_ap.cu: smooth_rank_backward).
+#include <cuda_runtime.h>
+
+#include "fastrank/recall_at_k.h"
+#include "smooth_rank.cuh"
+
+namespace fastrank {
+namespace cuda {
+namespace {
+
+struct RecallHead {
+  static constexpr bool kFlagged = false;  // the ranks among the whole list only
+  static constexpr int kStats = kMaxKs;    // h_k for each k
+  double ks[kMaxKs];
+  double tk[kMaxKs];
+  int n_k;
+  __device__ int n_stats() const { return n_k; }
+  template <typename A> __device__ void stats(A a, A, A* out) const {
+    for (int i = 0; i < n_k; ++i) out[i] = logistic_pos((A(ks[i]) - a) / A(tk[i]));
+  }
+  template <typename A> __device__ A loss(const A* h, A np) const {
+    A recall = 0;
+    for (int i = 0; i < n_k; ++i) {
+      const A k = A(ks[i]);
+      recall += (h[i] < k ? h[i] : k) / (np < k ? np : k);
+    }
+    return A(1) - recall / A(n_k);
+  }
+  template <typename A> __device__ void coef(A a, A, const A* h, A np, A* u, A* v) const {
+    A g = 0;
+    for (int i = 0; i < n_k; ++i) {
+      const A k = A(ks[i]), t = A(tk[i]);
+      if (h[i] <= k) g += logistic_deriv((k - a) / t) / (t * (np < k ? np : k));  // the clip passes at h == k
+    }
+    *u = g / A(n_k);
+    *v = A(0);
+  }
+};
+
+}  // namespace
+
+int recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                        int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                        const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
+                        double tau, void* out, void* ws, void* partials, void* stream) {
+  if (n_k < 1 || n_k > kMaxKs) return static_cast<int>(cudaErrorInvalidValue);
+  RecallHead head{};
+  for (int i = 0; i < n_k; ++i) {
+    head.ks[i] = ks[i];
+    head.tk[i] = tk[i];
+  }
+  head.n_k = n_k;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  FASTRANK_DISPATCH_CUDA(dt, T, {
+    return rank::subset_forward<T>(head, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction, reduction,
+                                   with_grad, tau, out, ws, partials, st);
+  });
+  return 0;
+}
+
+}  // namespace cuda
+}  // namespace fastrank

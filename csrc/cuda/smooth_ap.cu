@@ -1,0 +1,53 @@
+// Smooth-AP on CUDA (SPEC.md 2.8): the smooth-rank engine's positive-row kernels
+// (smooth_rank.cuh: tiling, memory plan, launches) with this head: AP from each positive's
+// rank among the list (A) and among the positives (B), and their coefficients
+//   u_j = d loss / d A_j = B_j / (|P| A_j^2),   v_j = d loss / d B_j = -1 / (|P| A_j).
+// The elementwise backward, shared with Recall@k, is defined here too.
+#include <cuda_runtime.h>
+
+#include "fastrank/smooth_ap.h"
+#include "smooth_rank.cuh"
+
+namespace fastrank {
+namespace cuda {
+namespace {
+
+struct ApHead {
+  static constexpr bool kFlagged = true;  // needs B, the ranks among the positives
+  static constexpr int kStats = 1;        // sum_j B_j / A_j
+  __device__ int n_stats() const { return 1; }
+  template <typename A> __device__ void stats(A a, A b, A* out) const { out[0] = b / a; }
+  template <typename A> __device__ A loss(const A* totals, A np) const { return A(1) - totals[0] / np; }
+  template <typename A> __device__ void coef(A a, A b, const A*, A np, A* u, A* v) const {
+    *u = b / (np * a * a);
+    *v = -A(1) / (np * a);
+  }
+};
+
+}  // namespace
+
+int smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                      int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                      int direction, int reduction, int with_grad, double tau, void* out, void* ws, void* partials,
+                      void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  FASTRANK_DISPATCH_CUDA(dt, T, {
+    return rank::subset_forward<T>(ApHead{}, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction,
+                                   reduction, with_grad, tau, out, ws, partials, st);
+  });
+  return 0;
+}
+
+int smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
+                         int direction, int reduction, const void* grad_out, int64_t gs, const void* ws, void* grad,
+                         void* stream) {
+  (void)mask;  // masked entries of G are 0
+  (void)ms0;
+  (void)ms1;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  FASTRANK_DISPATCH_CUDA(dt, T, { return rank::subset_backward<T>(n, m, direction, reduction, grad_out, gs, ws, grad, st); });
+  return 0;
+}
+
+}  // namespace cuda
+}  // namespace fastrank

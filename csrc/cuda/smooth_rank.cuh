@@ -1,0 +1,298 @@
+// The smooth-rank engine on CUDA for the heads whose rows are a list's positives (Smooth-AP,
+// Recall@k; smooth-NDCG, whose rows are every item, keeps its thread-per-element tiles in
+// smooth_ndcg.cu). Contract and workspace: csrc/include/fastrank/smooth_rank.h.
+//
+// Launches: forward = 1 kernel (+ 1 one-block reduction for mean/sum), backward = 1
+// elementwise kernel, for every N and direction; no host sync, no host-device copy.
+// Forward tiling: one block of kThreads threads per query, grid-strided over the queries
+// (the i2t rows, then the t2i columns through swapped strides), in three phases:
+//  1. ranks: warp w takes the positives whose order in the list is w mod 8. A warp finds the
+//     positives 32 candidates at a time (__ballot_sync), and for each of its own walks the
+//     whole list with its 32 lanes, summing sigma(x), f sigma(x), sigma'(x), f sigma'(x)
+//     (x = (s_k - s_j) / tau, f = positive; the self pair included, as on the CPU) in a
+//     fixed order, reduced by butterfly shuffles. No block barrier in this phase. The four
+//     sums go to the positive's (n, m) slot of four `partials` arrays;
+//  2. the head, block-wide: each thread reads its own candidates' ranks (strided), the
+//     block sums the head's statistics (fixed-tree block_sum), and each thread writes its
+//     positives' coefficients u, v and T = u S1 + v S2 back into the partials;
+//  3. the gradient row: the positives are staged in shared memory 256 at a time (their
+//     order in the list: a warp ballot and a prefix of the 8 warps' counts), and each
+//     thread adds sum_j sigma'(x_jk) (u_j + v_j f_k) to its own candidates' entries of G,
+//     then subtracts T_k for a positive k and scales by 1 / tau. Each entry of G is owned by
+//     one thread of one block: no atomics; bit-identical run to run.
+// Memory: G (n, m) per direction (saved for the backward), four (n, m) partials per
+// direction during the forward, ~7 KiB of shared memory. Pair work O(|P| * C) per query.
+// NaN propagation (SPEC.md 1): poison(s) of every valid item is added to the query's loss
+// and to the item's own gradient entry; masked values are never read.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "fastrank/common.h"
+#include "fastrank/launch.h"
+#include "fastrank/smooth_rank.h"
+
+namespace fastrank {
+namespace cuda {
+namespace rank {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <typename A> __device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One direction's view of a query's list: candidate c of query q is sim[q * s_q + c * s_c]
+// (likewise positives and mask), its (n, m) slot q * o_q + c * o_c.
+struct ListView {
+  int64_t s_q, s_c, p_q, p_c, m_q, m_c, o_q, o_c, n_c;
+};
+
+__device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, int64_t ss0, int64_t ss1, int64_t ps0,
+                                              int64_t ps1, int64_t ms0, int64_t ms1) {
+  if (!t2i) return ListView{ss0, ss1, ps0, ps1, ms0, ms1, m, 1, m};
+  return ListView{ss1, ss0, ps1, ps0, ms1, ms0, 1, m, n};
+}
+
+// Head: kFlagged (the ranks among the positives, B, and its sums are needed), kStats (the
+// per-query statistics the loss needs), n_stats() (how many of them this call uses),
+// stats(A, B, out[]) of one positive, loss(totals, np) and coef(A, B, totals, np, &u, &v).
+template <typename T, class Head>
+__global__ void __launch_bounds__(kThreads)
+subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ pos,
+                      int64_t ps0, int64_t ps1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n,
+                      int64_t m, int direction, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
+                      int with_grad,
+                      acc_t<T>* __restrict__ ws, acc_t<T>* __restrict__ partials, acc_t<T>* __restrict__ loss_none) {
+  using A = acc_t<T>;
+  __shared__ A scratch[kThreads];
+  __shared__ A st_s[kThreads], st_u[kThreads], st_v[kThreads];  // phase 3: the staged positives
+  __shared__ int warp_count[kWarps];
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int64_t nm = n * m;
+  for (int64_t qg = blockIdx.x; qg < n_total; qg += gridDim.x) {
+    const bool t2i = qg >= n_i2t;
+    const int64_t q = t2i ? qg - n_i2t : qg;
+    const int slab = t2i && n_i2t > 0 ? 1 : 0;
+    const ListView v = list_view(t2i, n, m, ss0, ss1, ps0, ps1, ms0, ms1);
+    const T* srow = sim + q * v.s_q;
+    const uint8_t* prow = pos + q * v.p_q;
+    const uint8_t* mrow = mask == nullptr ? nullptr : mask + q * v.m_q;
+    A* G = ws + (slab == 0 ? L.a1 : L.a2) + q * v.o_q;
+    A* X0 = partials + (slab * 4 + 0) * nm + q * v.o_q;  // A, then u
+    A* X1 = partials + (slab * 4 + 1) * nm + q * v.o_q;  // B, then v
+    A* X2 = partials + (slab * 4 + 2) * nm + q * v.o_q;  // S1, then T = u S1 + v S2
+    A* X3 = partials + (slab * 4 + 3) * nm + q * v.o_q;  // S2
+    auto valid = [&](int64_t c) { return mrow == nullptr || mrow[c * v.m_c] != 0; };
+    auto positive = [&](int64_t c) { return c < v.n_c && valid(c) && prow[c * v.p_c] != 0; };
+
+    // ---- phase 0: the poison of the list, its positives, G = 0
+    A p_sum = 0, np_sum = 0;
+    for (int64_t c = t; c < v.n_c; c += kThreads) {
+      const bool ok = valid(c);
+      if (ok) p_sum += poison(load(srow[c * v.s_c]));
+      np_sum += positive(c) ? A(1) : A(0);
+      if (with_grad) G[c * v.o_c] = A(0);
+    }
+    const A pois = block_sum(p_sum, scratch);
+    const A np = block_sum(np_sum, scratch);
+
+    // ---- phase 1: each warp ranks its share of the positives over the whole list
+    int64_t seen = 0;  // positives before this 32-candidate chunk (the same in every lane)
+    for (int64_t c0 = 0; c0 < v.n_c; c0 += 32) {
+      const unsigned found = __ballot_sync(0xffffffffu, positive(c0 + lane));
+      const int64_t before = seen;
+      seen += __popc(found);
+      for (unsigned bal = found; bal != 0; bal &= bal - 1) {  // warp-uniform: the chunk's positives in order
+        const int b = __ffs(static_cast<int>(bal)) - 1;
+        const int64_t order = before + __popc(found & ((1u << b) - 1u));
+        if (order % kWarps != warp) continue;
+        const int64_t j = c0 + b;
+        const A sj = load(srow[j * v.s_c]);
+        A a = 0, bb = 0, s1 = 0, s2 = 0;
+        for (int64_t k = lane; k < v.n_c; k += 32) {
+          if (!valid(k)) continue;
+          const A x = (load(srow[k * v.s_c]) - sj) * inv_tau;
+          const Logistic<A> lg = logistic(x);
+          const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+          a += lg.pos;
+          s1 += lg.deriv;
+          if (Head::kFlagged) {
+            bb += f * lg.pos;
+            s2 += f * lg.deriv;
+          }
+        }
+        a = warp_sum(a);
+        s1 = warp_sum(s1);
+        if (Head::kFlagged) {
+          bb = warp_sum(bb);
+          s2 = warp_sum(s2);
+        }
+        if (lane == 0) {
+          X0[j * v.o_c] = a + A(0.5);  // 1 + (sum - sigma(0))
+          X1[j * v.o_c] = bb + A(0.5);
+          X2[j * v.o_c] = s1;
+          X3[j * v.o_c] = s2;
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- phase 2: the head's statistics, the loss, the coefficients
+    A totals[Head::kStats];
+    for (int i = 0; i < head.n_stats(); ++i) totals[i] = 0;
+    for (int64_t c = t; c < v.n_c; c += kThreads) {
+      if (!positive(c)) continue;
+      A s[Head::kStats];
+      head.stats(X0[c * v.o_c], X1[c * v.o_c], s);
+      for (int i = 0; i < head.n_stats(); ++i) totals[i] += s[i];
+    }
+    for (int i = 0; i < head.n_stats(); ++i) totals[i] = block_sum(totals[i], scratch);
+    const A qloss = (np > A(0) ? head.loss(totals, np) : A(0)) + pois;
+    if (with_grad && np > A(0)) {
+      for (int64_t c = t; c < v.n_c; c += kThreads) {
+        if (!positive(c)) continue;
+        A u, w;
+        head.coef(X0[c * v.o_c], X1[c * v.o_c], totals, np, &u, &w);
+        X2[c * v.o_c] = u * X2[c * v.o_c] + w * X3[c * v.o_c];
+        X0[c * v.o_c] = u;
+        X1[c * v.o_c] = w;
+      }
+    }
+    if (t == 0) {
+      ws[L.qloss + qg] = qloss;
+      ws[L.idcg + qg] = np > A(0) ? A(1) : A(0);  // aux: the query counts in "mean"
+      if (loss_none != nullptr) loss_none[qg] = qloss;
+    }
+
+    // ---- phase 3: the gradient row
+    if (with_grad) {
+      __syncthreads();  // the coefficients of phase 2 are visible to the whole block
+      for (int64_t c0 = 0; c0 < v.n_c; c0 += kThreads) {
+        const int64_t c = c0 + t;
+        const bool p = positive(c);
+        const unsigned bal = __ballot_sync(0xffffffffu, p);
+        if (lane == 0) warp_count[warp] = __popc(bal);
+        __syncthreads();
+        int slot = __popc(bal & ((1u << lane) - 1u)), cnt = 0;
+        for (int w = 0; w < kWarps; ++w) {
+          slot += w < warp ? warp_count[w] : 0;
+          cnt += warp_count[w];
+        }
+        if (p) {
+          st_s[slot] = load(srow[c * v.s_c]);
+          st_u[slot] = X0[c * v.o_c];
+          st_v[slot] = Head::kFlagged ? X1[c * v.o_c] : A(0);
+        }
+        __syncthreads();
+        if (cnt > 0) {  // block-uniform
+          for (int64_t k = t; k < v.n_c; k += kThreads) {
+            if (!valid(k)) continue;
+            const A sk = load(srow[k * v.s_c]);
+            const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+            A acc = 0;
+            for (int r = 0; r < cnt; ++r) acc += logistic_deriv((sk - st_s[r]) * inv_tau) * (st_u[r] + st_v[r] * f);
+            G[k * v.o_c] += acc;
+          }
+        }
+        __syncthreads();  // the staging arrays are rewritten by the next chunk
+      }
+      for (int64_t k = t; k < v.n_c; k += kThreads) {
+        if (!valid(k)) continue;
+        const A own = positive(k) && np > A(0) ? X2[k * v.o_c] : A(0);
+        G[k * v.o_c] = (G[k * v.o_c] - own) * inv_tau + poison(load(srow[k * v.s_c]));
+      }
+    }
+    __syncthreads();  // the next query reuses the shared arrays
+  }
+}
+
+// The reduction (one block): per direction the count of the queries that count and, for
+// mean / sum, the loss. Fixed summation order.
+template <typename A>
+__global__ void __launch_bounds__(kThreads)
+subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restrict__ ws, A* __restrict__ out) {
+  __shared__ A scratch[kThreads];
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  A total = 0;
+  const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
+  for (int d = 0; d < 2; ++d) {
+    A sum = 0, cnt = 0;
+    for (int64_t q = off[d] + threadIdx.x; q < off[d] + len[d]; q += blockDim.x) {
+      sum += ws[L.qloss + q];
+      cnt += ws[L.idcg + q];
+    }
+    sum = block_sum(sum, scratch);
+    cnt = block_sum(cnt, scratch);
+    if (threadIdx.x == 0) {
+      ws[L.counts + d] = cnt;
+      if (reduction == kMean) total += cnt > A(0) ? sum / cnt : A(0);
+      if (reduction == kSum) total += sum;
+    }
+  }
+  if (threadIdx.x == 0 && reduction != kNone) out[0] = total;
+}
+
+// The backward, elementwise (grid-strided): grad = sum over directions of c_q * G_d, c_q =
+// grad_out[q] (none) or grad_out[0] * (1 / count_d for mean); a zero coefficient still passes
+// a non-finite G on. Masked entries have G = 0.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const acc_t<T>* __restrict__ grad_out,
+                       int64_t gs, const acc_t<T>* __restrict__ ws, T* __restrict__ grad) {
+  using A = acc_t<T>;
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  A scale[2];
+  for (int d = 0; d < 2; ++d) {
+    const A count = ws[L.counts + d];
+    scale[d] = reduction == kMean ? (count > A(0) ? A(1) / count : A(0)) : A(1);
+  }
+  const int64_t nm = n * m;
+  for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < nm; e += int64_t(gridDim.x) * kThreads) {
+    const int64_t i = e / m, j = e - i * m;
+    A g = 0;
+    if (L.d1) {
+      const A c = reduction == kNone ? grad_out[i * gs] : grad_out[0] * scale[0];
+      const A x = ws[L.a1 + e];
+      g += c == A(0) ? poison(x) : c * x;
+    }
+    if (L.d2) {
+      const A c = reduction == kNone ? grad_out[(L.nq1 + j) * gs] : grad_out[0] * scale[1];
+      const A x = ws[L.a2 + e];
+      g += c == A(0) ? poison(x) : c * x;
+    }
+    grad[e] = store<T>(g);
+  }
+}
+
+template <typename T, class Head>
+int subset_forward(const Head& head, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
+                   int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
+                   int reduction, int with_grad, double tau, void* out, void* ws, void* partials, cudaStream_t st) {
+  using A = acc_t<T>;
+  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
+  const int64_t n_total = n_i2t + n_t2i;
+  A* w = static_cast<A*>(ws);
+  const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st,
+                       static_cast<const T*>(sim), ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction, n_i2t, n_total,
+                       static_cast<A>(1.0 / tau), head, with_grad, w, static_cast<A*>(partials),
+                       reduction == kNone ? static_cast<A*>(out) : nullptr);
+  if (e != 0) return e;
+  return launch(subset_finalize<A>, 1, kThreads, 0, st, n, m, direction, reduction, w, static_cast<A*>(out));
+}
+
+template <typename T>
+int subset_backward(int64_t n, int64_t m, int direction, int reduction, const void* grad_out, int64_t gs,
+                    const void* ws, void* grad, cudaStream_t st) {
+  using A = acc_t<T>;
+  return launch(subset_backward_kernel<T>, strided_grid((n * m + kThreads - 1) / kThreads, 65536), kThreads, 0, st,
+                n, m, direction, reduction, static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws),
+                static_cast<T*>(grad));
+}
+
+}  // namespace rank
+}  // namespace cuda
+}  // namespace fastrank
