@@ -415,7 +415,7 @@ def test_non_finite_default_raises_float64_and_half():
 
 
 def test_workspace_is_linear_in_n_plus_m():
-    # issue 12: besides the outputs (and the gradient), O(N + M) memory
+    # besides the outputs (and the gradient), O(N + M) memory
     from fastrank._native import cpu_module, cuda_module
     for mod, bound in ((cpu_module(), 16), (cuda_module(), 128)):
         if mod is None:
@@ -502,7 +502,7 @@ def test_cuda_low_precision_error_bound(dtype):
         assert err_native <= 2 * err_low + 1e-12, (err_native, err_low)
 
 
-# ---- (8) CUDA: one cheap call (issue 11), memory (issue 12), SPEC.md 1 ------------------------------
+# ---- (8) CUDA: one cheap call, memory (two outputs + O(N + M)), SPEC.md 1 -----------------------
 def _fwd_bwd(x, g1, g2):
     """One native forward + backward with preallocated upstream gradients (no other op)."""
     i2t, t2i = fastrank.fast_rerank(x, impl="native")
@@ -663,7 +663,7 @@ def test_cuda_compile_fullgraph_and_opcheck():
 
 @needs_cuda
 def test_cuda_backward_memory_is_one_gradient():
-    # issue 12: the backward allocates the gradient + O(N + M), nothing else (N, M)-sized
+    # the backward allocates the gradient + O(N + M), nothing else (N, M)-sized
     n, m = 1500, 7000
     x = (torch.randn(n, m, device="cuda") * 0.3).requires_grad_()
     g1, g2 = torch.randn(n, m, device="cuda"), torch.randn(n, m, device="cuda")

@@ -420,7 +420,7 @@ def test_cpu_low_precision_error_bound(dtype):
     assert (y.grad.double() - ref64[1]).abs().max().item() <= 2 * ref_err
 
 
-# ---------------------------------------------------------------- masks (SPEC 2.1a, issue 13)
+# ---------------------------------------------------------------- masks (SPEC 2.1a: lists of different lengths)
 def rand_mask(n, m, seed, p=0.7):
     return torch.rand(n, m, generator=torch.Generator().manual_seed(seed)) < p
 

@@ -1,4 +1,4 @@
-"""Training that survives being stopped (issue 14): mid-epoch checkpoints, exact resume after
+"""Training that survives being stopped: mid-epoch checkpoints, exact resume after
 kill -9 and after SIGTERM (one process and 2 gloo processes under torchrun), --resume without a
 checkpoint or with a foreign file, and every checkpoint loading with weights_only=True.
 
