@@ -331,7 +331,8 @@ NATIVE_CASES = [(0, False, 1.0, 0.01, None, (1, 2, 4, 8, 16), 1.0),
 
 
 @needs_kernel
-@pytest.mark.parametrize("n,m", SHAPES + [(33, 70), (64, 31)])
+# (80, 90): enough pairs for the OpenMP threads, column queries in tiles of 16
+@pytest.mark.parametrize("n,m", SHAPES + [(33, 70), (64, 31), (80, 90)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_native_matches_reference(n, m, dtype):
     tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-6)

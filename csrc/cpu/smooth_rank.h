@@ -269,30 +269,27 @@ void rank_grad(const T* __restrict s, const T* __restrict d, const T* __restrict
 template <bool kFlagged, bool kStore, typename T>
 inline void subset_row(const T* __restrict s, const T* __restrict f, T sj, T inv_tau, int64_t pad, T* __restrict d,
                        T* sums) {
-  alignas(64) T a[kLanes] = {}, b[kLanes] = {}, c[kLanes] = {}, e2[kLanes] = {};
-  for (int64_t k0 = 0; k0 < pad; k0 += kLanes) {
-#pragma omp simd
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const int64_t k = k0 + l;
-      const T x = (s[k] - sj) * inv_tau;
-      const T e = exp_nonpos(x >= T(0) ? -x : x);
-      const T av = T(1) / (T(1) + e);
-      const T bv = e * av;
-      const T pos = x >= T(0) ? av : bv;
-      const T der = av * bv;
-      a[l] += pos;
-      c[l] += der;
-      if constexpr (kFlagged) {
-        b[l] += pos * f[k];
-        e2[l] += der * f[k];
-      }
-      if constexpr (kStore) d[k] = der;
+  T a = 0, b = 0, c = 0, e2 = 0;
+#pragma omp simd reduction(+ : a, b, c, e2)
+  for (int64_t k = 0; k < pad; ++k) {
+    const T x = (s[k] - sj) * inv_tau;
+    const T e = exp_nonpos(x >= T(0) ? -x : x);
+    const T av = T(1) / (T(1) + e);
+    const T bv = e * av;
+    const T pos = x >= T(0) ? av : bv;
+    const T der = av * bv;
+    a += pos;
+    c += der;
+    if constexpr (kFlagged) {
+      b += pos * f[k];
+      e2 += der * f[k];
     }
+    if constexpr (kStore) d[k] = der;
   }
-  sums[0] = lane_sum(a);
-  sums[1] = lane_sum(b);
-  sums[2] = lane_sum(c);
-  sums[3] = lane_sum(e2);
+  sums[0] = a;
+  sums[1] = b;
+  sums[2] = c;
+  sums[3] = e2;
 }
 
 // For the rows r (items rows[r]): A_r = 1 + sum_{k != j} sigma(x_jk) and, kFlagged,
@@ -335,40 +332,40 @@ void subset_grad(const T* __restrict s, const T* __restrict f, int64_t nv, const
   for (int64_t r = 0; r < np; ++r) g[rows[r]] -= u[r] * S1[r] + (kFlagged ? v[r] * S2[r] : T(0));
 }
 
-// A thread's scratch for the subset heads (sized for the longest list of the call).
+// A thread's scratch for the subset heads (sized for the longest list of the call), with a
+// tile of kTile queries for the column queries (t2i) of a row-major matrix: read and written
+// kTile neighbouring values at a time (gather_rows), one cache line for kTile queries.
+constexpr int64_t kTile = 16;
 template <typename T> struct SubsetScratch {
   std::vector<T> s, f, g, A, B, S1, S2, u, v, d;
   std::vector<int64_t> idx, rows;
+  std::vector<T> tile_s, tile_g;  // kTile rows of scores / gradient entries
+  std::vector<uint8_t> tile_p;    // kTile rows of positive flags
   explicit SubsetScratch(int64_t c)
       : s(padded(c)), f(padded(c)), g(padded(c)), A(c), B(c), S1(c), S2(c), u(c), v(c), idx(c), rows(c) {}
 };
 
-// One query of a subset head: the rows are the list's positives (flag != 0). Returns the
-// query's loss; writes its row of G = d loss / d s (0 for masked items) when with_grad and
-// *counted = whether it has a positive ("mean" counts it). A non-finite score poisons the
-// loss and its own gradient entry. Head: kFlagged (needs B_r, the ranks among the
-// positives) and loss(np, A, B, u, v) -> the loss, writing u_r = d loss / d A_r and
-// v_r = d loss / d B_r.
+// One query of a subset head over its gathered list (s, f: nv valid items, padded here to
+// padded(nv)): the rows are the positives (f != 0). Returns the query's loss; with_grad:
+// g[k] = d loss / d s_k for its items (+ poison(s_k): a non-finite score poisons its own
+// entry; the loss gets the sum). *counted = whether it has a positive ("mean" counts it).
+// Head: kFlagged (needs B_r, the ranks among the positives) and loss(np, A, B, u, v) -> the
+// loss, writing u_r = d loss / d A_r and v_r = d loss / d B_r.
 template <class Head, typename T>
-T subset_query(const Head& head, const View& v, int64_t q, const T* sim, const uint8_t* pos, const uint8_t* mask,
-               T inv_tau, SubsetScratch<T>& w, bool with_grad, T* G, int64_t* counted) {
+T subset_list(const Head& head, T* __restrict s, T* __restrict f, int64_t nv, T inv_tau, SubsetScratch<T>& w,
+              bool with_grad, T* __restrict g, int64_t* counted) {
   constexpr bool kFlagged = Head::kFlagged;
-  const uint8_t* mrow = mask ? mask + q * v.mq : nullptr;
-  T* __restrict s = w.s.data();
-  T* __restrict f = w.f.data();
-  const int64_t nv = gather_valid(sim + q * v.sq, v.sc, pos + q * v.rq, v.rc, mrow, v.mc, v.nc, s, f, w.idx.data());
-  T* grow = G + q * v.aq;
-  if (with_grad && mrow != nullptr)
-    for (int64_t c = 0; c < v.nc; ++c) grow[c * v.ac] = T(0);  // masked items: gradient 0
   T pois = 0;
+#pragma omp simd reduction(+ : pois)
+  for (int64_t k = 0; k < nv; ++k) pois += poison(s[k]);
   int64_t np = 0;
   for (int64_t k = 0; k < nv; ++k) {
-    pois += poison(s[k]);
-    if (f[k] != T(0)) w.rows[np++] = k;
+    w.rows[np] = k;
+    np += f[k] != T(0);
   }
   *counted = np > 0;
   const int64_t pad = padded(nv);
-  std::fill(s + nv, s + pad, -std::numeric_limits<T>::infinity());
+  std::fill(s + nv, s + pad, -std::numeric_limits<T>::infinity());  // padding lanes add exactly 0
   std::fill(f + nv, f + pad, T(0));
   T loss = 0;
   if (np > 0) {
@@ -379,13 +376,68 @@ T subset_query(const Head& head, const View& v, int64_t q, const T* sim, const u
     loss = head.loss(np, w.A.data(), w.B.data(), w.u.data(), w.v.data());
     if (with_grad)
       subset_grad<kFlagged>(s, f, nv, w.rows.data(), np, inv_tau, w.u.data(), w.v.data(), w.S1.data(),
-                            w.S2.data(), d, w.g.data());
+                            w.S2.data(), d, g);
   } else if (with_grad) {
-    std::fill(w.g.begin(), w.g.begin() + pad, T(0));
+    std::fill(g, g + pad, T(0));
   }
-  if (with_grad)
-    for (int64_t k = 0; k < nv; ++k) grow[(mrow ? w.idx[k] : k) * v.ac] = w.g[k] * inv_tau + poison(s[k]);
+  if (with_grad) {
+#pragma omp simd
+    for (int64_t k = 0; k < nv; ++k) g[k] = g[k] * inv_tau + poison(s[k]);
+  }
   return loss + pois;
+}
+
+// One query of a subset head, through any strides and masks: gathers its list, computes it
+// (subset_list), writes its row of G (0 for masked items).
+template <class Head, typename T>
+T subset_query(const Head& head, const View& v, int64_t q, const T* sim, const uint8_t* pos, const uint8_t* mask,
+               T inv_tau, SubsetScratch<T>& w, bool with_grad, T* G, int64_t* counted) {
+  const uint8_t* mrow = mask ? mask + q * v.mq : nullptr;
+  const int64_t nv = gather_valid(sim + q * v.sq, v.sc, pos + q * v.rq, v.rc, mrow, v.mc, v.nc, w.s.data(),
+                                  w.f.data(), w.idx.data());
+  const T loss = subset_list(head, w.s.data(), w.f.data(), nv, inv_tau, w, with_grad, w.g.data(), counted);
+  if (with_grad) {
+    T* grow = G + q * v.aq;
+    if (mrow != nullptr) {
+      for (int64_t c = 0; c < v.nc; ++c) grow[c * v.ac] = T(0);  // masked items: gradient 0
+      for (int64_t k = 0; k < nv; ++k) grow[w.idx[k] * v.ac] = w.g[k];
+    } else {
+      for (int64_t k = 0; k < nv; ++k) grow[k * v.ac] = w.g[k];
+    }
+  }
+  return loss;
+}
+
+// One column query (t2i) of a row-major matrix without a mask: the kTile columns of its tile
+// are gathered together when the first of them comes (the query loop hands a thread whole
+// tiles, in order), and their gradient rows written together after the last.
+template <class Head, typename T>
+T subset_column_query(const Head& head, const View& v, int64_t q, const T* sim, const uint8_t* pos, T inv_tau,
+                      SubsetScratch<T>& w, bool with_grad, T* G, int64_t* counted) {
+  const int64_t nc = v.nc, q0 = q / kTile * kTile, t = q - q0, nt = std::min(kTile, v.nq - q0);
+  if (t == 0) {
+    w.tile_s.resize(kTile * nc);
+    w.tile_p.resize(kTile * nc);
+    if (with_grad) w.tile_g.resize(kTile * nc);
+    gather_rows(sim, v.sq, v.sc, q0, nt, nc, w.tile_s.data());
+    gather_rows(pos, v.rq, v.rc, q0, nt, nc, w.tile_p.data());
+  }
+  T* s = w.s.data();
+  T* f = w.f.data();
+  std::memcpy(s, w.tile_s.data() + t * nc, sizeof(T) * static_cast<size_t>(nc));
+  const uint8_t* prow = w.tile_p.data() + t * nc;
+  for (int64_t c = 0; c < nc; ++c) f[c] = prow[c] != 0 ? T(1) : T(0);
+  const T loss = subset_list(head, s, f, nc, inv_tau, w, with_grad, w.g.data(), counted);
+  if (with_grad) {
+    std::memcpy(w.tile_g.data() + t * nc, w.g.data(), sizeof(T) * static_cast<size_t>(nc));
+    if (t == nt - 1) {  // the tile's last query: its kTile gradient columns, a row segment per item
+      for (int64_t c = 0; c < nc; ++c) {
+        T* out = G + c * v.ac + q0 * v.aq;
+        for (int64_t i = 0; i < nt; ++i) out[i * v.aq] = w.tile_g[i * nc + c];
+      }
+    }
+  }
+  return loss;
 }
 
 // ---- the query loop and the reduction ---------------------------------------------------------
@@ -395,7 +447,7 @@ T subset_query(const Head& head, const View& v, int64_t q, const T* sim, const u
 // the mean over the queries that count (0 if none), "sum", or the losses ("none").
 template <typename T, typename MakeScratch, typename Query>
 void run_queries(const SmoothRankLayout& L, int64_t n, int64_t m, int64_t work, int reduction, T* out, T* ws,
-                 MakeScratch&& make_scratch, Query&& query) {
+                 MakeScratch&& make_scratch, Query&& query, int64_t t2i_chunk = 1) {
   std::vector<int64_t> counted(L.q);
   T* qloss = ws + L.qloss;
 #pragma omp parallel if (work >= kParallelWork)
@@ -405,8 +457,8 @@ void run_queries(const SmoothRankLayout& L, int64_t n, int64_t m, int64_t work, 
 #pragma omp for schedule(dynamic, 1)
       for (int64_t q = 0; q < n; ++q) qloss[q] = query(w, 0, q, &counted[q]);
     }
-    if (L.d2) {
-#pragma omp for schedule(dynamic, 1)
+    if (L.d2) {  // t2i_chunk: a thread takes whole aligned tiles of column queries, in order
+#pragma omp for schedule(dynamic, t2i_chunk)
       for (int64_t q = 0; q < m; ++q) qloss[L.nq1 + q] = query(w, 1, q, &counted[L.nq1 + q]);
     }
   }
@@ -477,10 +529,15 @@ void subset_forward(const Head& head, const T* sim, int64_t ss0, int64_t ss1, co
   for (int64_t q = 0; q < L.q; ++q) ws[L.idcg + q] = T(1);  // aux: unused by the subset heads
   // the pair work is |P| x C per query: bounded by C^2 per query for the threading decision
   const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
-  run_queries<T>(L, n, m, work, reduction, out, ws, [&] { return SubsetScratch<T>(c_max); },
-                 [&](SubsetScratch<T>& w, int d, int64_t q, int64_t* counted) {
-                   return subset_query(head, v[d], q, sim, pos, mask, inv_tau, w, with_grad, G[d], counted);
-                 });
+  // the column queries of a row-major matrix without a mask go in tiles of kTile
+  const bool tiles = L.d2 && mask == nullptr && v[1].sc != 1 && v[1].sq == 1 && v[1].rq == 1;
+  run_queries<T>(
+      L, n, m, work, reduction, out, ws, [&] { return SubsetScratch<T>(c_max); },
+      [&](SubsetScratch<T>& w, int d, int64_t q, int64_t* counted) {
+        if (d == 1 && tiles) return subset_column_query(head, v[d], q, sim, pos, inv_tau, w, with_grad, G[d], counted);
+        return subset_query(head, v[d], q, sim, pos, mask, inv_tau, w, with_grad, G[d], counted);
+      },
+      tiles ? kTile : 1);
 }
 
 }  // namespace
