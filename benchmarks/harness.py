@@ -352,3 +352,26 @@ def _line(rec: dict) -> str:
     mem_s = fmt_bytes(mem) if mem is not None else "n/a"
     return (f"{head} {t['median_s'] * 1e3:10.3f} ms  [{t['p25_s'] * 1e3:.3f}, {t['p75_s'] * 1e3:.3f}]"
             f"  x{t['repeats']:<3} peak {mem_s}")
+
+
+def run_peer_case(case: str, op, args, device: torch.device, x_key: str, ratios: List[str], method: str,
+                  config: dict) -> dict:
+    """The whole run of a case that measures one op's implementations side by side in
+    forward+backward over its sizes (memory_bank, pml_smooth_ap): the config (``--quick``:
+    few repeats), the sizes (``--max-n`` bounds ``size[x_key]``), the records and the payload."""
+    from .case import payload
+    from .memory import PeakMemory
+    from .results import machine_info
+    t0 = time.monotonic()
+    machine = machine_info(device)
+    cfg = Config(device=device, dtype=getattr(torch, args.dtype))
+    if args.quick:
+        cfg.min_repeats, cfg.max_repeats, cfg.repeat_budget_s, cfg.max_warmup = 1, 3, 0.02, 1
+    size_key = "quick" if args.quick else device.type
+    records = bench_ops([op], args.impls or list(op.impls), ["forward+backward"], cfg,
+                        lambda o: [s for s in o.sizes[size_key] if args.max_n is None or s[x_key] <= args.max_n],
+                        log=lambda s: print(s, flush=True))
+    report = {"baselines": {op.name: op.baseline}, "ratios": ratios, "x_names": {op.name: op.x_name},
+              "method": [f"forward+backward, {args.dtype}, {method}; peak extra memory: {PeakMemory(device).method}"]}
+    conf = {"quick": args.quick, "dtype": args.dtype, "threads": args.threads, **config}
+    return payload(case, device, conf, records, report, machine, t0)

@@ -183,6 +183,13 @@ def test_structure_before_values():
         fastrank.fast_rerank_topk(txt[:5], img, 3)
 
 
+def test_overflowing_product_names_the_embeddings():
+    """Finite embeddings whose product overflows: the error names what the user passed."""
+    img, txt = torch.full((3, 4), 1e20), torch.full((5, 4), 1e20)
+    with pytest.raises(ValueError, match=r"^img_emb @ txt_emb\.T contains NaN or infinite values"):
+        fastrank.fast_rerank_topk(img, txt, 2)
+
+
 @needs_cuda
 def test_cuda_matches_cpu():
     img, txt = _emb(333, 32, 17), _emb(1200, 32, 18)

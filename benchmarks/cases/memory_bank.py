@@ -12,17 +12,14 @@ positives' ranks, then their gradient), at the device's exp rate.
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
 import fastrank
 
-from ..case import Case, payload
-from ..harness import Config, bench_ops
-from ..memory import PeakMemory
+from ..case import Case
+from ..harness import run_peer_case
 from ..ops import Op
-from ..results import machine_info
 
 QUERIES, POSITIVES, DIM, TAU = 256, 5, 64, 0.01
 
@@ -70,20 +67,8 @@ OP = Op(
 
 
 def run(args, device, save):
-    t0 = time.monotonic()
-    machine = machine_info(device)
-    cfg = Config(device=device, dtype=getattr(torch, args.dtype))
-    if args.quick:
-        cfg.min_repeats, cfg.max_repeats, cfg.repeat_budget_s, cfg.max_warmup = 1, 3, 0.02, 1
-    size_key = "quick" if args.quick else device.type
-    records = bench_ops([OP], args.impls or list(OP.impls), ["forward+backward"], cfg,
-                        lambda op: [s for s in op.sizes[size_key] if args.max_n is None or s["c"] <= args.max_n],
-                        log=lambda s: print(s, flush=True))
-    report = {"baselines": {OP.name: "smooth_ap_reference"}, "ratios": [], "x_names": {OP.name: OP.x_name},
-              "method": [f"forward+backward, {args.dtype}, i2t, tau {TAU}, {QUERIES} queries, {POSITIVES} "
-                         f"positives each; peak extra memory: {PeakMemory(device).method}"]}
-    conf = {"quick": args.quick, "dtype": args.dtype, "threads": args.threads}
-    return payload("memory_bank", device, conf, records, report, machine, t0)
+    return run_peer_case("memory_bank", OP, args, device, "c", [], f"i2t, tau {TAU}, {QUERIES} queries, "
+                         f"{POSITIVES} positives each", {})
 
 
 CASE = Case("memory_bank", f"Smooth-AP and Recall@k linear in the candidates: {QUERIES} queries x {POSITIVES} "

@@ -13,17 +13,14 @@ or pytorch-metric-learning is not installed (``pip install pytorch-metric-learni
 """
 from __future__ import annotations
 
-import time
 
 import torch
 
 import fastrank
 
-from ..case import Case, payload
-from ..harness import Config, Skip, bench_ops
-from ..memory import PeakMemory
+from ..case import Case
+from ..harness import Skip, run_peer_case
 from ..ops import Op
-from ..results import machine_info
 
 DIM, PER_CLASS, TAU = 128, 4, 0.01
 
@@ -73,20 +70,8 @@ OP = Op(
 
 
 def run(args, device, save):
-    t0 = time.monotonic()
-    machine = machine_info(device)
-    cfg = Config(device=device, dtype=getattr(torch, args.dtype))
-    if args.quick:
-        cfg.min_repeats, cfg.max_repeats, cfg.repeat_budget_s, cfg.max_warmup = 1, 3, 0.02, 1
-    size_key = "quick" if args.quick else device.type
-    records = bench_ops([OP], args.impls or list(OP.impls), ["forward+backward"], cfg,
-                        lambda op: [s for s in op.sizes[size_key] if args.max_n is None or s["b"] <= args.max_n],
-                        log=lambda s: print(s, flush=True))
-    report = {"baselines": {OP.name: "pml"}, "ratios": ["pml/fastrank"], "x_names": {OP.name: OP.x_name},
-              "method": [f"forward+backward, {args.dtype}, temperature {TAU}; peak extra memory: "
-                         f"{PeakMemory(device).method}"]}
-    conf = {"quick": args.quick, "dtype": args.dtype, "threads": args.threads, "dim": DIM, "per_class": PER_CLASS}
-    return payload("pml_smooth_ap", device, conf, records, report, machine, t0)
+    return run_peer_case("pml_smooth_ap", OP, args, device, "b", ["pml/fastrank"], f"temperature {TAU}",
+                         {"dim": DIM, "per_class": PER_CLASS})
 
 
 CASE = Case("pml_smooth_ap", "Smooth-AP on embeddings (d = 128, 4 per class, B = 128..4096) against "

@@ -114,19 +114,20 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
     return grad if x is sim else grad.to(sim.dtype)
 
 
-def check_statistics(*stats: Tensor, ok: Optional[bool] = None) -> None:
+def check_statistics(*stats: Tensor, ok: Optional[bool] = None, sim_name: str = "sim") -> None:
     """SPEC.md 1: raise on a non-finite sim where the per-device rule asks for it, from its
     O(N + M) log-sum-exp statistics (a NaN or +-inf in sim, or gamma1 * sim, lam1 * sim
     overflowing, makes them non-finite). ok: the CPU kernel's own flag where there is one
     (no extra work); otherwise, and always on CUDA (only with FASTRANK_CHECK_FINITE=1 or
-    set_check_finite(True)), the statistics are read: a host sync there."""
+    set_check_finite(True)), the statistics are read: a host sync there. ``sim_name``: what
+    the user passed that sim comes from (fast_rerank_topk: the embeddings' product)."""
     if not V.check_finite_enabled(stats[0].device):
         return
     if ok is None:
         ok = all(V.all_finite(x) for x in stats)
     if not ok:
-        raise ValueError("sim contains NaN or infinite values (or gamma[0] * sim or lam[0] * sim "
-                         "overflows the dtype)")
+        raise ValueError(f"{sim_name} contains NaN or infinite values (or gamma[0] * {sim_name} or "
+                         f"lam[0] * {sim_name} overflows the dtype)")
 
 
 # ---- the compile path: custom ops ------------------------------------------------------------

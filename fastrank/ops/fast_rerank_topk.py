@@ -130,7 +130,7 @@ def fast_rerank_topk(img_emb: Tensor, txt_emb: Tensor, k: int, gamma: Tuple[floa
                 cl, rl = torch.logsumexp(g1 * s, dim=0), torch.logsumexp(l1 * s, dim=1)
             col_lse = cl if col_lse is None else torch.logaddexp(col_lse, cl)
             row_lse[r0:r0 + s.shape[0]] = rl
-        check_statistics(col_lse, row_lse)
+        check_statistics(col_lse, row_lse, sim_name="img_emb @ txt_emb.T")
 
         i2t_idx = i2t_val = t2i_idx = t2i_val = None
         if want_i2t:  # sweep 2: per image, top texts by g2 * s - col_lse[j]

@@ -206,3 +206,32 @@ def low_precision_errors(loss_fn, ref_fn, sim, rel, dtype, device):
     kern = max((got[0].double().cpu() - want[0]).abs().max().item(), (got[1].double().cpu() - want[1]).abs().max().item())
     ref = max((lp.detach().double() - want[0]).abs().max().item(), (g.double() - want[1]).abs().max().item())
     return kern, ref
+
+
+def check_nonfinite_propagates(loss_fn, sim, rel, device, directions=DIRECTIONS) -> None:
+    """SPEC.md 1 with the value check off (the CUDA default): a loss over an input with a NaN
+    or inf comes back non-finite, and so does its gradient."""
+    for direction in directions:
+        s = sim.to(device).requires_grad_(True)
+        loss = loss_fn(s, rel.to(device), direction, "mean", None)
+        loss.backward()
+        assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all(), direction
+
+
+def dry_run_launches(call) -> list:
+    """The launches (kernel, grid, block) of call() with the emulator checking their shapes
+    against the hardware's limits without running them."""
+    clear_launch_log()
+    configure(dry_run=True)
+    try:
+        call()
+    finally:
+        configure()
+    return launch_log()
+
+
+def launches(call) -> list:
+    """The names of the kernels call() launches, in order."""
+    clear_launch_log()
+    call()
+    return [k for k, _, _ in launch_log()]

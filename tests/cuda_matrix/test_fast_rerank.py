@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastrank
-from _matrix import EMULATED, case, clear_launch_log, configure, each_schedule, launch_log, layout
+from _matrix import EMULATED, case, dry_run_launches, each_schedule, launches, layout
 
 GAMMA, LAM = (25.0, 20.0), (20.0, 15.0)
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-9), torch.float32: dict(rtol=2e-5, atol=2e-4)}
@@ -112,13 +112,9 @@ def test_topk_statistics_path(device):
 
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 def test_launches_per_call(device):
-    sim, _ = case(40, 30, seed=10)
-    clear_launch_log()
-    s = sim.requires_grad_(True)
-    i2t, t2i = fastrank.fast_rerank(s, impl="native")
-    (i2t.sum() + t2i.sum()).backward()
-    assert [k for k, _, _ in launch_log()] == ["lse_tile_kernel", "lse_merge_kernel", "scores_kernel",
-                                               "sums_tile_kernel", "sums_merge_kernel", "grad_kernel"]
+    s = case(40, 30, seed=10)[0].requires_grad_(True)
+    assert launches(lambda: sum(x.sum() for x in fastrank.fast_rerank(s, impl="native")).backward()) == \
+        ["lse_tile_kernel", "lse_merge_kernel", "scores_kernel", "sums_tile_kernel", "sums_merge_kernel", "grad_kernel"]
 
 
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
@@ -127,14 +123,8 @@ def test_large_shapes_fit_the_grid(device, no_finite_check, n, m):
     """The statistics grid stays at most 32 x 64 blocks and the elementwise grid's rows at
     most 1024 (grid-strided) for any n, m. Dry run: shapes checked, nothing computed."""
     s = torch.zeros(n, m).requires_grad_(True)
-    clear_launch_log()
-    configure(dry_run=True)
-    try:
-        i2t, t2i = fastrank.fast_rerank(s, impl="native")
-        (i2t.sum() + t2i.sum()).backward()
-    finally:
-        configure()
-    shapes = {k: g for k, g, _ in launch_log()}
+    shapes = {k: g for k, g, _ in dry_run_launches(lambda: sum(x.sum() for x in fastrank.fast_rerank(s, impl="native"))
+                                                   .backward())}
     assert len(shapes) == 6
     assert shapes["lse_tile_kernel"][0] <= 32 and shapes["lse_tile_kernel"][1] <= 64
     assert shapes["scores_kernel"] == ((m + 255) // 256, min((n + 3) // 4, 1024), 1)

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import fastrank
-from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss, clear_launch_log,
-                     configure, each_schedule, launch_log, layout, low_precision_errors)
+from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss,
+                     check_nonfinite_propagates, dry_run_launches, each_schedule, launches, layout,
+                     low_precision_errors)
 
 ALPHA = 0.1
 
@@ -94,34 +95,22 @@ def test_half_precision_error_bound(device, dtype):
 def test_nonfinite_propagates(device, no_finite_check, bad, where):
     sim, rel = case(9, 11, seed=9)
     (sim if where == "sim" else rel)[2, 3] = bad
-    for direction in DIRECTIONS:
-        s = sim.to(device).requires_grad_(True)
-        loss = native(s, rel.to(device), direction, "mean", None)
-        loss.backward()
-        assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all()
+    check_nonfinite_propagates(native, sim, rel, device)
 
 
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 def test_launches_per_call(device):
     sim, rel = case(40, 30, seed=10)
-    clear_launch_log()
     s = sim.requires_grad_(True)
-    native(s, rel, "both", "mean", None).backward()
-    assert [k for k, _, _ in launch_log()] == ["kendall_kernel", "reduce_queries_kernel", "kendall_backward_kernel"]
+    assert launches(lambda: native(s, rel, "both", "mean", None).backward()) == \
+        ["kendall_kernel", "reduce_queries_kernel", "kendall_backward_kernel"]
 
 
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
 def test_many_queries_fit_the_grid(device, no_finite_check):
     """One block a query, grid-strided: the block count never passes gridDim.x's limit, and
     the backward's elementwise grid is capped. Dry run: shapes checked, nothing computed."""
-    sim, rel = torch.zeros(300_000, 2), torch.zeros(300_000, 2)
-    clear_launch_log()
-    configure(dry_run=True)
-    try:
-        s = sim.requires_grad_(True)
-        native(s, rel, "both", "mean", None).backward()
-    finally:
-        configure()
-    shapes = launch_log()
+    s, rel = torch.zeros(300_000, 2).requires_grad_(True), torch.zeros(300_000, 2)
+    shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
     assert [k for k, _, _ in shapes] == ["kendall_kernel", "reduce_queries_kernel", "kendall_backward_kernel"]
     assert shapes[0][1] == (300_002, 1, 1) and shapes[2][1] == ((600_000 + 255) // 256, 1, 1)

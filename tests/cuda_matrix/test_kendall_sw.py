@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fastrank
-from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss, clear_launch_log,
-                     configure, launch_log, layout, low_precision_errors)
+from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss,
+                     check_nonfinite_propagates, dry_run_launches, layout, low_precision_errors)
 
 
 def native(s, r, direction, reduction, mask, alpha=0.1, beta=0.05, label_range=(0.0, 1.0)):
@@ -79,11 +79,7 @@ def test_half_precision_error_bound(device, dtype):
 def test_nonfinite_propagates(device, no_finite_check, bad, where):
     sim, rel = case(9, 11, seed=9)
     (sim if where == "sim" else rel)[2, 3] = bad
-    for direction in DIRECTIONS:
-        s = sim.to(device).requires_grad_(True)
-        loss = native(s, rel.to(device), direction, "mean", None)
-        loss.backward()
-        assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all()
+    check_nonfinite_propagates(native, sim, rel, device)
 
 
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
@@ -91,15 +87,8 @@ def test_many_columns_fit_the_grid(device):
     """More than 2,097,120 columns: the backward's 65535-tile gridDim.y limit is gone (the
     tiles go on gridDim.x) and the forward's queries are grid-strided. Dry run."""
     m = 65535 * 32 + 1
-    sim, rel = torch.zeros(1, m), torch.zeros(1, m)
-    clear_launch_log()
-    configure(dry_run=True)
-    try:
-        s = sim.requires_grad_(True)
-        native(s, rel, "both", "mean", None).backward()
-    finally:
-        configure()
-    shapes = launch_log()
+    s, rel = torch.zeros(1, m).requires_grad_(True), torch.zeros(1, m)
+    shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
     assert [k for k, _, _ in shapes] == ["sw_forward_kernel", "reduce_queries_kernel", "sw_backward_kernel"]
     assert shapes[0][1] == (1 + m, 1, 1)
     assert shapes[2][1] == ((m + 31) // 32, 1, 1)

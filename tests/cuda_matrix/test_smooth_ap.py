@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fastrank
-from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss, clear_launch_log, configure,
-                     each_schedule, launch_log, layout, low_precision_errors)
+from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss,
+                     check_nonfinite_propagates, launches, layout, low_precision_errors)
 
 TAU = 0.05
 KS, TAU_K = (1, 2, 5), (1.0, 0.5, 2.0)
@@ -115,22 +115,15 @@ def test_half_precision_error_bound(device, head, dtype):
 def test_nonfinite_propagates(device, no_finite_check, head, bad):
     sim, _ = case(9, 11, seed=9)
     sim[2, 3] = bad
-    pos = positives(9, 11, seed=9)
-    for direction in DIRECTIONS:
-        s = sim.to(device).requires_grad_(True)
-        loss = HEADS[head]("native")(s, pos.to(device), direction, "mean", None)
-        loss.backward()
-        assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all()
+    check_nonfinite_propagates(HEADS[head]("native"), sim, positives(9, 11, seed=9), device)
 
 
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 @pytest.mark.parametrize("head", list(HEADS))
 def test_launches_per_call(device, head):
-    sim, _ = case(40, 30, seed=10)
-    clear_launch_log()
-    s = sim.requires_grad_(True)
-    HEADS[head]("native")(s, positives(40, 30, seed=10), "both", "mean", None).backward()
-    assert [k for k, _, _ in launch_log()] == ["subset_forward_kernel", "subset_finalize", "subset_backward_kernel"]
+    s = case(40, 30, seed=10)[0].requires_grad_(True)
+    assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "both", "mean", None).backward()) \
+        == ["subset_forward_kernel", "subset_finalize", "subset_backward_kernel"]
 
 
 @pytest.mark.skipif(not EMULATED, reason="calls the emulated module directly")

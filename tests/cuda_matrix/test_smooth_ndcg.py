@@ -3,8 +3,9 @@ import pytest
 import torch
 
 import fastrank
-from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss, clear_launch_log,
-                     configure, each_schedule, launch_log, layout, low_precision_errors)
+from _matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss,
+                     check_nonfinite_propagates, dry_run_launches, each_schedule, launches, layout,
+                     low_precision_errors)
 
 TAU = 0.05
 
@@ -100,20 +101,15 @@ def test_relevance_read_in_the_accumulation_type(device):
 def test_nonfinite_propagates(device, no_finite_check, bad, where):
     sim, rel = case(9, 11, seed=9)
     (sim if where == "sim" else rel)[2, 3] = bad
-    for direction in DIRECTIONS:
-        s = sim.to(device).requires_grad_(True)
-        loss = native(s, rel.to(device), direction, "mean", None)
-        loss.backward()
-        assert not torch.isfinite(loss).all() and not torch.isfinite(s.grad).all()
+    check_nonfinite_propagates(native, sim, rel, device)
 
 
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 def test_one_launch_pair_forward_one_backward(device):
     sim, rel = case(40, 30, seed=10)
-    clear_launch_log()
     s = sim.requires_grad_(True)
-    native(s, rel, "both", "mean", None).backward()
-    assert [k for k, _, _ in launch_log()] == ["forward_tiles", "finalize", "backward_tiles"]
+    assert launches(lambda: native(s, rel, "both", "mean", None).backward()) == \
+        ["forward_tiles", "finalize", "backward_tiles"]
 
 
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
@@ -121,14 +117,7 @@ def test_many_short_lists_fit_the_grid(device):
     """More than 65535 row tiles (1,048,560 rows of one item): the tiles go on gridDim.x, the
     launches are valid. Dry run: shapes are checked, nothing is computed."""
     n = 65536 * 16 + 1
-    sim, rel = torch.zeros(n, 1), torch.zeros(n, 1)
-    clear_launch_log()
-    configure(dry_run=True)
-    try:
-        s = sim.requires_grad_(True)
-        native(s, rel, "both", "mean", None).backward()
-    finally:
-        configure()
-    shapes = launch_log()
+    s, rel = torch.zeros(n, 1).requires_grad_(True), torch.zeros(n, 1)
+    shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
     assert [k for k, _, _ in shapes] == ["forward_tiles", "finalize", "backward_tiles"]
     assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
