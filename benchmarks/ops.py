@@ -203,7 +203,7 @@ KENDALL_SW = native_loss(
     notes="direction=both, reduction=mean, alpha=0.1, beta=0.05, label_range=(0, 1): 18 windows")
 
 
-# ------------------------------------------------------------------ smooth_ap, recall_at_k (coming)
+# ------------------------------------------------------------------ smooth_ap, recall_at_k
 
 def smooth_rank_floor(mode, size, itemsize):
     """the positives' smooth ranks only: with one positive per query (the diagonal),
@@ -214,10 +214,33 @@ def smooth_rank_floor(mode, size, itemsize):
             "exp": passes * 2 * n * m}
 
 
+PER_CLASS = 4
+
+
+def class_inputs(size, device, dtype, requires_grad):
+    """sim uniform in [-1, 1) and the positives of classes of PER_CLASS consecutive items
+    (square: each query's positives are its class, itself included)."""
+    n, m = size["n"], size["m"]
+    sim = (torch.rand(n, m, device=device) * 2 - 1).to(dtype)
+    cls = torch.arange(max(n, m), device=device) // PER_CLASS
+    return {"sim": sim.requires_grad_(requires_grad), "positives": cls[:n, None] == cls[None, :m]}
+
+
+def smooth_rank_class_floor(mode, size, itemsize):
+    """as smooth_rank_floor with PER_CLASS positives a query: PER_CLASS x the exps."""
+    counts = smooth_rank_floor(mode, size, itemsize)
+    return {**counts, "exp": PER_CLASS * counts["exp"]}
+
+
 SMOOTH_AP = native_loss(
     "smooth_ap", "smooth_ap_loss", "Smooth-AP (SPEC 2.8), tau=0.01, positives = the diagonal",
     smooth_rank_floor, inputs=sim_inputs, tau=0.01,
     notes="direction=both, reduction=mean, tau=0.01, one positive per query")
+
+SMOOTH_AP_CLASSES = native_loss(
+    "smooth_ap_classes", "smooth_ap_loss", f"Smooth-AP (SPEC 2.8), tau=0.01, {PER_CLASS} positives a query (classes)",
+    smooth_rank_class_floor, inputs=class_inputs, tau=0.01, percall_sizes=(), percall_quick_sizes=(),
+    notes=f"direction=both, reduction=mean, tau=0.01, classes of {PER_CLASS} consecutive items")
 
 RECALL_AT_K = native_loss(
     "recall_at_k", "recall_at_k_loss", "Recall@k surrogate (SPEC 2.9), ks=(1, 2, 4, 8, 16), positives = the diagonal",
@@ -391,6 +414,7 @@ OPS: Dict[str, Op] = {op.name: op for op in (
     KENDALL,
     FAST_RERANK_TOPK,
     SMOOTH_AP,
+    SMOOTH_AP_CLASSES,
     RECALL_AT_K,
     pytorch_loss("triplet_hardest", "VSE++ triplet, hardest negative (SPEC 2.4)", _triplet("hardest")),
     pytorch_loss("triplet_soft", "triplet, LogSumExp-softened negatives (SPEC 2.4)", _triplet("soft")),
