@@ -322,11 +322,14 @@ void subset_grad(const T* __restrict s, const T* __restrict f, int64_t nv, const
   std::fill(g, g + pad, T(0));
   for (int64_t r = 0; r < np; ++r) {
     const T ur = u[r], vr = kFlagged ? v[r] : T(0), sj = s[rows[r]];
-    const T* dr = d != nullptr ? d + r * pad : nullptr;
+    if (d != nullptr) {  // two loops: a select inside one would compute the exp either way
+      const T* __restrict dr = d + r * pad;
 #pragma omp simd
-    for (int64_t k = 0; k < pad; ++k) {
-      const T der = dr != nullptr ? dr[k] : logistic_deriv((s[k] - sj) * inv_tau);
-      g[k] += der * (kFlagged ? ur + vr * f[k] : ur);
+      for (int64_t k = 0; k < pad; ++k) g[k] += dr[k] * (kFlagged ? ur + vr * f[k] : ur);
+    } else {
+#pragma omp simd
+      for (int64_t k = 0; k < pad; ++k)
+        g[k] += logistic_deriv((s[k] - sj) * inv_tau) * (kFlagged ? ur + vr * f[k] : ur);
     }
   }
   for (int64_t r = 0; r < np; ++r) g[rows[r]] -= u[r] * S1[r] + (kFlagged ? v[r] * S2[r] : T(0));
