@@ -208,8 +208,15 @@ struct KernelInfo {
   int max_threads = kMaxThreads;
   std::string bounds_conflict;
   size_t static_shared = 0;
-  std::vector<const SharedVar*> own;  // its shared variables (guards included)
+  std::vector<const SharedVar*> own;     // its shared variables (guards included)
+  std::vector<const SharedVar*> common;  // shared variables of __device__ helpers, no kernel's
 };
+
+// Shared variables no kernel owns (declared in a __device__ helper): every block may use them.
+bool owned_by_a_kernel(const SharedVar& v) {
+  if (v.owner.empty()) return false;
+  return bounds().count(unqualified(v.owner, 3)) != 0;
+}
 
 KernelInfo& kernel_info(const void* kernel) {
   static std::map<const void*, KernelInfo> cache;
@@ -231,18 +238,14 @@ KernelInfo& kernel_info(const void* kernel) {
     K.bounds_conflict = b->second.conflict;
   }
   const std::string prefix = "_ZZ" + K.mangled.substr(2) + "E";
+  for (const SharedVar& v : S.shared)
+    if (!v.guard && !owned_by_a_kernel(v)) K.common.push_back(&v);
   for (const SharedVar& v : S.shared) {
     if (v.owner.compare(0, prefix.size(), prefix) != 0) continue;
     K.own.push_back(&v);
     if (!v.guard) K.static_shared += v.size;
   }
   return K;
-}
-
-// Shared variables no kernel owns (declared in a __device__ helper): every block may use them.
-bool owned_by_a_kernel(const SharedVar& v) {
-  if (v.owner.empty()) return false;
-  return bounds().count(unqualified(v.owner, 3)) != 0;
 }
 
 // ---- fibers ------------------------------------------------------------------------------------
@@ -534,8 +537,7 @@ void poison_shared(const KernelInfo& K, bool asan_protect) {
   };
   for (const SharedVar* v : K.own)
     if (!v->guard) fill(*v);
-  for (const SharedVar& v : S.shared)
-    if (!v.guard && !owned_by_a_kernel(v)) fill(v);
+  for (const SharedVar* v : K.common) fill(*v);
 #if SIMT_ASAN
   for (const SharedVar* v : K.own)  // guards stay poisoned: an overflow into one is reported
     if (v->guard) __asan_poison_memory_region(reinterpret_cast<void*>(v->addr), v->size);
