@@ -182,8 +182,9 @@ MUTATIONS = {
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",
                          "test_kendall.py", "values_and_gradients"),
-    # a wrong shuffle offset: the warp's row sums stop at half warps
-    "wrong shuffle offset": ("cuda/fast_rerank.cu",
+    # a wrong shuffle offset: warp sums (fast_rerank's row sums, the positives' ranks) stop at
+    # half warps
+    "wrong shuffle offset": ("include/fastrank/common.h",
                              "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "test_fast_rerank.py", "values_and_gradients"),

@@ -51,17 +51,6 @@ template <typename A> struct Strip { static constexpr int rows = sizeof(A) == 8 
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Butterfly reductions: every lane ends with the same value (each step combines the same
-// two operands on both partner lanes; max_nan is symmetric), in a fixed order.
-template <typename A> __device__ __forceinline__ A warp_max(A v) {
-  for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-template <typename A> __device__ __forceinline__ A warp_sum(A v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // ---- forward pass 1: partials of col_lse / row_lse over the fixed grid --------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads)

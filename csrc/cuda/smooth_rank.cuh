@@ -39,11 +39,6 @@ namespace rank {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-template <typename A> __device__ __forceinline__ A warp_sum(A v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // One direction's view of a query's list: candidate c of query q is sim[q * s_q + c * s_c]
 // (likewise positives and mask), its (n, m) slot q * o_q + c * o_c.
 struct ListView {

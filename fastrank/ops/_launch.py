@@ -33,6 +33,12 @@ def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """x as its kernels read it: itself, or (half precision for the CPU kernels) a float32 copy."""
+    kd = kernel_dtype(x)
+    return x if kd == x.dtype else x.to(kd)
+
+
 def module_for(x: torch.Tensor):
     if x.device.type == "cuda":
         mod = cuda_module()
@@ -89,5 +95,5 @@ def apply(function, op, *args):
     return function.apply(*args)
 
 
-__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "mat", "call", "module_for", "mask_args", "apply",
+__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "mat", "call", "module_for", "mask_args", "apply",
            "DIRECTION_CODE", "REDUCTION_CODE"]

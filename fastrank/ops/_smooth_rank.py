@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._native import acc_dtype
-from ._launch import call, cuda_kernels, kernel_dtype, mask_args, mat
+from ._launch import call, cuda_kernels, kernel_input, mask_args, mat
 
 
 def sizes(n: int, m: int, direction: int):
@@ -36,7 +36,7 @@ def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor],
             tau: float, direction: int, reduction: int, with_grad: bool = True):
     """(loss, ws) of the forward kernel ``kernel`` (smooth_ap_forward, recall_at_k_forward):
     loss is () for mean/sum, (Q,) for none, in the accumulation dtype."""
-    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
+    s = kernel_input(sim)
     acc = acc_dtype(s.dtype)
     n, m = s.shape
     q, ws_numel = sizes(n, m, direction)
@@ -55,7 +55,7 @@ def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor],
 def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
              reduction: int) -> Tensor:
     """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
-    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
+    s = kernel_input(sim)
     if grad_out.dtype != ws.dtype:
         grad_out = grad_out.to(ws.dtype)
     gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine

@@ -39,13 +39,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import acc_dtype, native_module
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
-from ._launch import call, cuda_kernels, kernel_dtype, mat, module_for
-
-def _kernel_input(sim: Tensor) -> Tensor:
-    """sim as the kernels read it: as-is for CUDA kernels (all four float dtypes) and for
-    float32/float64 on the CPU; half precision is upcast to float32 for the CPU kernels only."""
-    kd = kernel_dtype(sim)
-    return sim if kd == sim.dtype else sim.to(kd)
+from ._launch import call, cuda_kernels, kernel_input, mat, module_for
 
 
 def _run(name: str, x: Tensor, *args) -> Optional[bool]:
@@ -72,7 +66,7 @@ def _forward(sim: Tensor, g1: float, g2: float, l1: float, l2: float):
     """(i2t, t2i, stats, finite): the two (N, M) score matrices in sim's dtype, stats =
     (col_lse (M), row_lse (N)) concatenated in the accumulation dtype, and (CPU) whether the
     statistics are all finite."""
-    x = _kernel_input(sim)
+    x = kernel_input(sim)
     n, m = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     i2t = torch.empty((n, m), dtype=x.dtype, device=x.device)
@@ -101,7 +95,7 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
               g1: float, g2: float, l1: float, l2: float) -> Tensor:
     """d (sum(grad_i2t * i2t) + sum(grad_t2i * t2i)) / d sim, contiguous, in sim's dtype.
     A None gradient counts as zero."""
-    x = _kernel_input(sim)
+    x = kernel_input(sim)
     n, m = x.shape
     k1, p1, s1r, s1c = _grad_args(grad_i2t, x.dtype)
     k2, p2, s2r, s2c = _grad_args(grad_t2i, x.dtype)
@@ -197,7 +191,7 @@ class _FastRerank(torch.autograd.Function):
 def fast_rerank_lse(sim: Tensor, gamma1: float, lam1: float) -> tuple[Tensor, Tensor]:
     """sim (N, M) any strides. Returns (col_lse (M,), row_lse (N,)) in the accumulation
     dtype: col_lse[j] = logsumexp_l(gamma1 * sim[l, j]), row_lse[i] = logsumexp_l(lam1 * sim[i, l])."""
-    x = sim.to(kernel_dtype(sim))
+    x = kernel_input(sim)
     acc = acc_dtype(x.dtype)
     n, m = x.shape
     col_lse = x.new_empty((m,), dtype=acc)

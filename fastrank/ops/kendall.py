@@ -20,7 +20,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from ..reference.kendall import kendall_reference
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_dtype, mask_args, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_input, mask_args, mat
 
 
 def _n_total(n: int, m: int, direction: int) -> int:
@@ -151,9 +151,7 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
         return kendall_reference(sim.to(acc), relevance.to(acc), alpha, direction, reduction, mask)
-    kd = kernel_dtype(sim)
-    if kd != sim.dtype:  # half on the CPU: upcast (autograd casts the gradient back)
-        sim = sim.to(kd)
+    sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
     if relevance.dtype != sim.dtype and relevance.dtype != acc:
         relevance = relevance.to(acc)
     return apply(_KendallFunction, _compiled, sim, relevance, mask, alpha, DIRECTION_CODE[direction],

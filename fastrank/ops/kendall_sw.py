@@ -20,7 +20,7 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_dtype, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_input, mat
 
 _INT32_MAX = 2**31 - 1
 
@@ -182,9 +182,7 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     if max(sim.shape) > _INT32_MAX:
         raise ValueError(f"sim has {max(sim.shape)} candidates per query; the native kernels "
                          f"index at most {_INT32_MAX} (use impl='reference')")
-    kd = kernel_dtype(sim)
-    if kd != sim.dtype:  # half on the CPU: upcast (autograd casts the gradient back)
-        sim = sim.to(kd)
+    sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
     if relevance.dtype != sim.dtype and relevance.dtype != acc:
         relevance = relevance.to(acc)
     return apply(_KendallSWFunction, _compiled, sim, relevance, alpha, beta, label_range[1], n_w,

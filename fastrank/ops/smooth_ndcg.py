@@ -20,16 +20,14 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, acc_dtype, has_native
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, apply, call, cuda_kernels, kernel_dtype, mask_args, mat
+from . import _smooth_rank
+from ._launch import (DIRECTION_CODE, REDUCTION_CODE, apply, call, cuda_kernels, kernel_input, mask_args,
+                      mat)
 
 _TILE = 16  # CUDA tile edge (csrc/cuda/smooth_ndcg.cu: kTile)
 
 
-def _sizes(n, m, direction: int):
-    """(number of per-query losses, elements of ws) for a direction code."""
-    d1, d2 = direction & 1, (direction >> 1) & 1
-    q = d1 * n + d2 * m
-    return q, (d1 + d2) * n * m + 2 * q + 2
+_sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
 
 
 def _partials_numel(n, m, direction: int):
@@ -39,7 +37,7 @@ def _partials_numel(n, m, direction: int):
 
 def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
              reduction: int, with_grad: bool = True):
-    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
+    s = kernel_input(sim)
     acc = acc_dtype(s.dtype)
     cuda = cuda_kernels(s)
     # CPU kernels read relevance in sim's kernel dtype (float32/float64 = the accumulation
@@ -62,7 +60,7 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float,
 
 def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
               direction: int, reduction: int) -> Tensor:
-    s = sim if kernel_dtype(sim) == sim.dtype else sim.to(kernel_dtype(sim))
+    s = kernel_input(sim)
     if grad_out.dtype != ws.dtype:
         grad_out = grad_out.to(ws.dtype)
     gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine

@@ -282,6 +282,18 @@ inline void gather_rows(const T* base, int64_t s_q, int64_t s_c, int64_t q0, int
 
 #if defined(__CUDACC__)
 // ---- CUDA helpers ------------------------------------------------------------------------
+// Butterfly warp reductions (all 32 lanes take part): every lane ends with the same value
+// (each step combines the same two operands on both partner lanes; max_nan is symmetric), in
+// a fixed order: deterministic.
+template <typename A> __device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename A> __device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // Deterministic block sum of one value per thread (fixed tree order, no atomics).
 // `scratch` holds blockDim.x values; blockDim.x must be a power of two. Every thread
 // returns the block's sum.
