@@ -413,3 +413,17 @@ def check_interval(value, name: str):
     if not lo < hi:
         raise ValueError(f"{name} must satisfy lo < hi, got {value!r}")
     return lo, hi
+
+
+def check_id_vector(x, n: int, device: torch.device, name: str, what: str = "ids", one: str = "id") -> torch.Tensor:
+    """A 1-D integer tensor of n ids (``what``: "class labels", "ids") on ``device``, one
+    per embedding."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of integer {what}, got {type(x).__name__}")
+    if x.dtype == torch.bool or x.dtype.is_floating_point or x.dtype.is_complex:
+        raise TypeError(f"{name} must hold integer {what}, got {x.dtype}")
+    if x.dim() != 1 or x.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},) (one {one} per embedding), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but the embeddings are on {device}")
+    return x

@@ -38,15 +38,7 @@ __all__ = ["EmbeddingMemory"]
 
 
 def _check_ids(ids, n: int, device: torch.device, name: str = "ids") -> Tensor:
-    if not isinstance(ids, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integer ids, got {type(ids).__name__}")
-    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
-        raise TypeError(f"{name} must hold integer ids, got {ids.dtype}")
-    if ids.dim() != 1 or ids.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},) (one id per embedding), got {tuple(ids.shape)}")
-    if ids.device != device:
-        raise ValueError(f"{name} is on {ids.device} but the embeddings are on {device}")
-    return ids
+    return V.check_id_vector(ids, n, device, name)
 
 
 class EmbeddingMemory:

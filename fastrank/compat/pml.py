@@ -46,15 +46,7 @@ def same_label(labels: Tensor, ref_labels: Optional[Tensor] = None) -> Tensor:
 
 def check_labels(labels, n: int, device: torch.device, name: str = "labels") -> Tensor:
     """A 1-D integer tensor of n class labels on ``device``."""
-    if not isinstance(labels, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integer class labels, got {type(labels).__name__}")
-    if labels.dtype == torch.bool or labels.dtype.is_floating_point or labels.dtype.is_complex:
-        raise TypeError(f"{name} must hold integer class labels, got {labels.dtype}")
-    if labels.dim() != 1 or labels.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},) (one label per embedding), got {tuple(labels.shape)}")
-    if labels.device != device:
-        raise ValueError(f"{name} is on {labels.device} but the embeddings are on {device}")
-    return labels
+    return V.check_id_vector(labels, n, device, name, "class labels", "label")
 
 
 class SmoothAPLoss(torch.nn.Module):
