@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
