@@ -1,6 +1,9 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   train the seed recipes on the built-in demo data (fastrank demo)
 #   make test   the whole test suite (.ci/run calls it)
+# and for contributors (CONTRIBUTING.md):
+#   make test-fast  the suite without the slow and the emulated-CUDA tests
+#   make lint       ruff check . (ruff installed into .venv when missing; .ci/run calls it)
 # A CPU build of torch 2.13.0 is installed into the venv only when it has no torch;
 # pip is never allowed to swap that torch for another (constraint file).
 
@@ -12,7 +15,7 @@ STAMP  := $(VENV)/.fastrank-installed
 SOURCES := $(shell find csrc fastrank -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
            pyproject.toml setup.py CMakeLists.txt
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-fast lint demo bench clean
 
 install: $(STAMP)
 
@@ -30,6 +33,16 @@ $(STAMP): $(VENV)/bin/python $(SOURCES)
 # modules, is imported rather than the source tree.
 test: install
 	FASTRANK_REQUIRE_NATIVE=1 $(VENV)/bin/pytest -q tests
+
+test-fast: install
+	FASTRANK_REQUIRE_NATIVE=1 $(VENV)/bin/pytest -q -m "not slow and not emulated" tests
+
+# ruff alone (no build of fastrank), the version the test extra of pyproject.toml names
+RUFF_SPEC := $(shell sed -n 's/.*"\(ruff[^"]*\)".*/\1/p' pyproject.toml | head -n 1)
+
+lint: $(VENV)/bin/python
+	@$(VENV)/bin/ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q "$(RUFF_SPEC)"
+	$(VENV)/bin/ruff check .
 
 demo: install
 	$(PY) -m fastrank demo

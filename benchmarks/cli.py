@@ -83,6 +83,18 @@ def _set_threads(argv: List[str]) -> Optional[int]:
     return threads
 
 
+def _device_type(argv: List[str], torch) -> str:
+    """--device's type (auto: cuda when torch sees one), before the full parse."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--device", default="auto")
+    device = pre.parse_known_args(argv)[0].device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but torch sees no CUDA device")
+    return device.split(":")[0]
+
+
 def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
@@ -92,7 +104,14 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
     import torch
     if threads:
         torch.set_num_threads(threads)
+    measures = not {"--list", "-h", "--help"} & set(argv)
+    if measures:   # before the cases import fastrank: the one measured has its native module
+        from . import subject
+        device_type = _device_type(argv, torch)
+        measured = subject.choose(device_type)
     from .cases import CASES
+    if measures:
+        subject.confirm(device_type)
 
     args = parser(list(CASES)).parse_args(argv)
     args.out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
@@ -111,7 +130,8 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
         raise SystemExit("--device cuda asked for, but torch sees no CUDA device")
     case = CASES[names[0]]
     wants = case.cpu_threads if device.type == "cpu" and args.threads is None else None
-    if len(names) == 1 and not wants:
+    if len(names) == 1 and not wants:   # this process measures (run_each's children say it themselves)
+        print(f"benchmarks: {measured}", flush=True)
         return run_case(case, args, device)
     return run_each(names, argv, args, device, launcher or [sys.executable, "-m", "benchmarks"], CASES)
 

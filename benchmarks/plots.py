@@ -49,7 +49,7 @@ def plot(payload: dict, path: Path) -> Optional[Path]:
     for row, (group, members) in enumerate(rows.items()):
         ax_s, ax_m = axes[row]
         several = len(members) > 1
-        for op, mode, ok in members:
+        for op, _mode, ok in members:
             base = {r["size_label"]: r["time"]["median_s"] for r in ok if r["impl"] == baselines[op]}
             floor = []
             for i, impl in enumerate(OrderedDict.fromkeys(r["impl"] for r in ok)):

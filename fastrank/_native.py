@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
@@ -82,7 +82,7 @@ def cuda_device_count() -> int:
 
 def backends() -> dict:
     """What was built and what can run, e.g.
-    ``{"cpu": True, "cuda_built": True, "cuda_available": False, "version": "0.1.0"}``."""
+    ``{"cpu": True, "cuda_built": True, "cuda_available": False, "version": "0.2.0"}``."""
     cpu = cpu_module()
     cuda = cuda_module()
     info = {

@@ -3,13 +3,17 @@
 - ``python benchmarks --quick`` runs every case on the CPU in under 3 minutes and writes
   each case's JSON, markdown (and plot) in the one layout, with no errors;
 - ``--list`` names every case and the file that holds it;
+- a run measures a fastrank with its native module: from a checkout that has none, the
+  installed one (and it says so), or it stops with one line that says how to build it;
 - the package has no import cycle, and nothing below the cases imports them;
 - every result file's markdown, and every table in the README, is what its JSON gives
   (``python -m benchmarks report --check``); results are named <device>-<date>-<case>[-<tag>].
 """
 import ast
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -165,6 +169,65 @@ def test_list_names_every_case_and_its_file(bench):
     for name, case in bench.cases.CASES.items():
         assert f"benchmarks/cases/{name}.py" in out.stdout and case.about in out.stdout
         assert (BENCH / "cases" / f"{name}.py").is_file()
+
+
+# ---------------------------------------------------------------- the subject
+
+def _checkout_without_native(where: Path) -> Path:
+    """A copy of the checkout's benchmarks/ and fastrank/ with no native module, as after
+    `git clone` (or `pip install .`, which builds into site-packages, not the tree)."""
+    ignore = shutil.ignore_patterns("__pycache__", "results", "*.so", "*.pyd")
+    shutil.copytree(BENCH, where / "benchmarks", ignore=ignore)
+    shutil.copytree(ROOT / "fastrank", where / "fastrank", ignore=ignore)
+    return where
+
+
+def _run_module(checkout: Path, site: Path, *args) -> subprocess.CompletedProcess:
+    """`python -m benchmarks ARGS` in ``checkout``, with ``site`` where the installed
+    fastrank would be (ahead of site-packages)."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_checkout_without_native_module_measures_the_installed_fastrank(tmp_path):
+    import fastrank
+    if not fastrank.backends()["cpu"]:
+        pytest.skip("this session's fastrank has no native CPU module to stand in for an installed build")
+    checkout = _checkout_without_native(tmp_path / "checkout")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "fastrank").symlink_to(Path(fastrank.__file__).resolve().parent, target_is_directory=True)
+    out = tmp_path / "out"
+    proc = _run_module(checkout, site, "percall", "--quick", "--device", "cpu", "--ops", "smooth_ndcg",
+                       "--max-n", "4", "--no-plots", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    installed = Path(fastrank.__file__).resolve().parent
+    assert f"measuring the installed fastrank at {installed} (_C_cpu)" in proc.stdout, proc.stdout[:2000]
+    assert f"the one at {checkout / 'fastrank'} has no native module" in proc.stdout
+    [result] = out.glob("*.json")
+    data = json.loads(result.read_text())
+    assert Path(data["machine"]["fastrank_path"]).resolve() == installed
+    native = [r for r in data["results"] if r["impl"] == "native"]
+    assert native and all(r["status"] == "ok" for r in native), native
+
+
+def test_without_any_native_module_the_run_stops_with_one_line_saying_how_to_build(tmp_path):
+    checkout = _checkout_without_native(tmp_path / "checkout")
+    site = _checkout_without_native(tmp_path / "site")   # the "installed" fastrank has none either
+    out = tmp_path / "out"
+    proc = _run_module(checkout, site, "percall", "--quick", "--device", "cpu", "--out", str(out))
+    assert proc.returncode != 0
+    assert proc.stdout == "" and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"fastrank at {checkout / 'fastrank'} has no native module _C_cpu" in lines[0]
+    assert f"the installed one at {site / 'fastrank'} has none either" in lines[0]
+    assert "pip install ." in lines[0] and "python setup.py build_ext --inplace" in lines[0]
+    assert not out.exists()
+    # listing the cases measures nothing: it still works
+    listed = _run_module(checkout, site, "--list")
+    assert listed.returncode == 0 and "benchmarks/cases/percall.py" in listed.stdout, listed.stderr
 
 
 # ---------------------------------------------------------------- imports

@@ -6,7 +6,6 @@
 - ``RecallatK``: the Recall@k surrogate authors' criterion, checked against a re-typed
   copy of their ``RecallatK.forward`` kept below (their repository is not a package).
 """
-import functools
 
 import pytest
 import torch

@@ -8,6 +8,10 @@
 - ``test_seeded_mutations_are_caught``: four small bugs planted in a copy of the kernels,
   each of which the emulated matrix must fail.
 
+Where the emulated build cannot be made (no pybind11, no CUDA headers, no AddressSanitizer),
+these tests are skipped with the reason, except in CI (CI=true) or with
+FASTRANK_REQUIRE_NATIVE=1, where they fail with it.
+
 ``pytest -m emulated`` runs this file alone; after editing a .cu file it rebuilds only that file.
 """
 from __future__ import annotations
@@ -36,11 +40,22 @@ MATRIX_GROUPS = [["test_kendall.py", "test_fast_rerank.py", "test_kendall_sw.py"
                  ["test_smooth_ndcg.py", "test_smooth_ap.py"]]
 
 
+def emulated_build_required() -> bool:
+    """In CI (CI=true) or with FASTRANK_REQUIRE_NATIVE=1, a missing emulated build is a
+    failure: a skip there would pass the whole check without running it."""
+    return (os.environ.get("FASTRANK_REQUIRE_NATIVE") == "1"
+            or os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"))
+
+
 def _built(fn):
     try:
         return fn()
     except simt.Unavailable as e:
-        pytest.skip(f"emulated build unavailable here: {e}")
+        why = str(e)
+    if emulated_build_required():
+        pytest.fail(f"emulated build unavailable: {why} (required here: CI or FASTRANK_REQUIRE_NATIVE=1)",
+                    pytrace=False)
+    pytest.skip(f"emulated build unavailable here: {why}")
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +90,26 @@ def test_cuda_matrix(emulated_module):
         assert res.returncode == 0, f"emulated CUDA matrix failed ({', '.join(group)}):\n" \
                                     f"{res.stdout[-12000:]}\n{res.stderr[-6000:]}"
         assert " passed" in res.stdout and " skipped" not in res.stdout.split("\n")[-2], res.stdout[-2000:]
+
+
+@pytest.mark.parametrize("env,outcome", [({"CI": "true"}, "error"), ({"FASTRANK_REQUIRE_NATIVE": "1"}, "error"),
+                                         ({}, "skipped")])
+def test_an_unavailable_emulated_build_fails_where_it_is_required(tmp_path, env, outcome):
+    """pybind11 hidden: the matrix cannot be built; CI and FASTRANK_REQUIRE_NATIVE=1 fail with
+    the reason (in the fixture: an error), elsewhere it is a skip with the reason."""
+    hidden = tmp_path / "hidden"
+    (hidden / "pybind11").mkdir(parents=True)
+    (hidden / "pybind11" / "__init__.py").write_text("raise ImportError('pybind11 hidden by the test')\n")
+    child = {k: v for k, v in os.environ.items() if k not in ("CI", "FASTRANK_REQUIRE_NATIVE")}
+    child["PYTHONPATH"] = os.pathsep.join([str(hidden), str(Path(fastrank.__file__).resolve().parent.parent)])
+    child.update(env)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
+           f"{Path(__file__).resolve()}::test_cuda_matrix"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=child, capture_output=True, text=True, timeout=300)
+    summary = res.stdout.strip().splitlines()[-1]
+    assert f"1 {outcome}" in summary, res.stdout[-3000:] + res.stderr[-2000:]
+    assert res.returncode == (1 if outcome == "error" else 0), res.stdout[-3000:]
+    assert "emulated build unavailable" in res.stdout and "pybind11 is not installed" in res.stdout, res.stdout[-3000:]
 
 
 # ---- the emulator's own checks ------------------------------------------------------------------

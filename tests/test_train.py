@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -12,9 +11,9 @@ import torch
 
 import fastrank
 from fastrank.cli import main as cli_main
-from fastrank.data import PrecompDataset, make_demo
+from fastrank.data import PrecompDataset
 from fastrank.nn import CombinedLoss
-from fastrank.train import (CaptionRelevance, Config, Trainer, epoch_batches, load_checkpoint, load_config,
+from fastrank.train import (CaptionRelevance, Config, Trainer, epoch_batches, load_config,
                             parse_override, save_atomic)
 
 TINY = {

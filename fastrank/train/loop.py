@@ -362,7 +362,7 @@ class Trainer:
             with self._autocast():
                 out = net(images, caps, img_len, batch.caption_lengths)
                 total, parts = None, []
-                for name, (local_loss, w) in terms.items():
+                for local_loss, w in terms.values():
                     v = local_loss(out.img_emb, out.txt_emb, relevance=rel, positives=positives)
                     parts.append(v.detach())
                     total = w * v if total is None else total + w * v
