@@ -4,6 +4,7 @@
 # and for contributors (CONTRIBUTING.md):
 #   make test-fast  the suite without the slow and the emulated-CUDA tests
 #   make lint       ruff check . (ruff installed into .venv when missing; .ci/run calls it)
+#   make docs       the docs site into site/ (mkdocs build --strict; .ci/run calls it too)
 # A CPU build of torch 2.13.0 is installed into the venv only when it has no torch;
 # pip is never allowed to swap that torch for another (constraint file).
 
@@ -15,7 +16,7 @@ STAMP  := $(VENV)/.fastrank-installed
 SOURCES := $(shell find csrc fastrank -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
            pyproject.toml setup.py CMakeLists.txt
 
-.PHONY: install test test-fast lint demo bench clean
+.PHONY: install test test-fast lint demo bench docs clean
 
 install: $(STAMP)
 
@@ -52,5 +53,19 @@ demo: install
 bench: install
 	$(PY) benchmarks --quick
 
+# The docs need no build of fastrank (the API pages are read from the source by griffe):
+# only the `docs` extra of pyproject.toml is installed.
+DOCS_STAMP := $(VENV)/.fastrank-docs-installed
+DOCS_REQS  := import re; line = re.search(r"^docs = \[(.*)\]$$", open("pyproject.toml").read(), re.M).group(1); \
+              print("\n".join(x.strip().strip(chr(34)) for x in line.split(",")))
+
+$(DOCS_STAMP): $(VENV)/bin/python pyproject.toml
+	$(PY) -c '$(DOCS_REQS)' > $(VENV)/docs-requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/docs-requirements.txt
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf build $(VENV) fastrank/_C_*.so demo_results
+	rm -rf build $(VENV) fastrank/_C_*.so demo_results site

@@ -5,7 +5,7 @@
     python -m benchmarks                         # every case at this device's sizes (long on a CPU)
     python -m benchmarks percall sweep --ops smooth_ndcg
     python -m benchmarks sweep --threads 1 --max-n 512      # one core
-    python -m benchmarks report README.md benchmarks/results   # tables and plots from the JSON
+    python -m benchmarks report README.md docs/benchmarks.md benchmarks/results   # tables and plots from the JSON
 
 Each case writes ``<out>/<device>-<date>-<case>[-<tag>].json`` and its ``.md`` and
 ``.png`` (results.py, report.py). Several cases run one after another, each in its own

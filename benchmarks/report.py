@@ -16,7 +16,7 @@
   op columns' titles).
 
 ``--check`` writes nothing and exits 1 when a markdown file (a result's ``.md`` or a
-README table) is not what its JSON gives (tests/test_benchmarks.py runs it on the README).
+README or docs/ table) is not what its JSON gives (tests/test_benchmarks.py checks the README and docs/).
 """
 from __future__ import annotations
 

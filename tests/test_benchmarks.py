@@ -6,8 +6,9 @@
 - a run measures a fastrank with its native module: from a checkout that has none, the
   installed one (and it says so), or it stops with one line that says how to build it;
 - the package has no import cycle, and nothing below the cases imports them;
-- every result file's markdown, and every table in the README, is what its JSON gives
-  (``python -m benchmarks report --check``); results are named <device>-<date>-<case>[-<tag>].
+- every result file's markdown, and every table in the README and docs/ (docs/benchmarks.md
+  holds most), is what its JSON gives (``python -m benchmarks report --check``);
+  results are named <device>-<date>-<case>[-<tag>].
 """
 import ast
 import json
@@ -329,27 +330,36 @@ def test_results_are_in_one_layout_and_their_markdown_is_current(bench):
                 f"{p.with_suffix('.md').name} is stale: python -m benchmarks report {p}"
 
 
-def test_readme_tables_are_generated_from_their_result_files(bench):
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    blocks = bench.report.MARKER.findall(text)
-    assert len(blocks) >= 5
-    for block in blocks:   # every table names a result file that exists
-        spec = bench.report.parse_spec(block[1])
-        assert (ROOT / spec["file"]).is_file(), spec["file"]
-        assert f"From [`{spec['file']}`]" in block[2]
-    assert bench.report.render_markdown(text, ROOT) == text, \
-        "README tables differ from their JSON: python -m benchmarks report README.md"
+def doc_files_with_tables(bench):
+    """README.md and every page of docs/ that holds a generated benchmarks table."""
+    files = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+    return [p for p in files if bench.report.MARKER.search(p.read_text())]
+
+
+def test_doc_tables_are_generated_from_their_result_files(bench):
+    files = doc_files_with_tables(bench)
+    names = {p.relative_to(ROOT).as_posix() for p in files}
+    assert {"README.md", "docs/benchmarks.md", "docs/porting.md"} <= names, names
+    assert len(bench.report.MARKER.findall((ROOT / "docs" / "benchmarks.md").read_text())) >= 5
+    for doc in files:
+        text = doc.read_text()
+        for block in bench.report.MARKER.findall(text):   # every table names a result file that exists
+            spec = bench.report.parse_spec(block[1])
+            assert (doc.parent / spec["file"]).is_file(), f"{doc.name}: {spec['file']}"
+            assert f"From [`{spec['file']}`]" in block[2], f"{doc.name}: {spec['file']}"
+        assert bench.report.render_markdown(text, doc.parent) == text, \
+            f"{doc.relative_to(ROOT)}: tables differ from their JSON: python -m benchmarks report {doc.relative_to(ROOT)}"
     # ... and the check can fail: a number changed by hand is put back
-    first = bench.report.MARKER.search(text)
-    body = first.group("body")
+    doc = ROOT / "docs" / "benchmarks.md"
+    text = doc.read_text()
+    body = bench.report.MARKER.search(text).group("body")
     edited = text.replace(body, re.sub(r"\d+(\.\d+)? ms", "1.23 ms", body, count=1), 1)
-    assert edited != text and bench.report.render_markdown(edited, ROOT) == text
+    assert edited != text and bench.report.render_markdown(edited, doc.parent) == text
 
 
 def test_no_issue_numbers_in_the_benchmarks_and_their_docs():
     files = [p for p in BENCH.rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".sh", ".json", ".cpp")]
-    files += [ROOT / "README.md", Path(__file__)]
+    files += [ROOT / "README.md", Path(__file__)] + sorted((ROOT / "docs").rglob("*.md"))
     hits = [f"{p}: {m.group(0)}" for p in files for m in re.finditer(r"issue[- ]\d+", p.read_text(), re.I)]
     assert not hits, hits
 

@@ -1,4 +1,4 @@
-"""Every Python block of README.md and docs/*.md runs, so a doc that drifts from the API
+"""Every Python block of README.md and docs/**/*.md runs, so a doc that drifts from the API
 fails here instead of in a user's hands.
 
 The blocks of one file run top to bottom in one namespace, as a reader pasting them into
@@ -34,7 +34,7 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOC_FILES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOC_FILES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 PYTHON_INFOS = ("python", "py", "python3")
 DIRECTIVE = re.compile(r"^#\s*docs test:\s*(.*?)\s*$")
 
@@ -205,11 +205,15 @@ def test_doc_block_runs(block, workdirs):
 def test_every_doc_file_is_collected():
     names = {p.relative_to(ROOT).as_posix() for p in DOC_FILES}
     assert "README.md" in names and "docs/porting.md" in names
+    assert "docs/losses/smooth-ndcg.md" in names     # the pages of docs/'s subfolders too
     for path in DOC_FILES:
         text = path.read_text()
         fenced = len(re.findall(r"^\s*```\s*(?:python|py)\s*$", text, flags=re.M))
         assert len([b for b in ALL_BLOCKS if b.path == path]) == fenced, path
-    assert sum(b.path.name == "README.md" for b in ALL_BLOCKS) >= 4
+    # the README's example, and a runnable example on every loss page
+    assert sum(b.path.name == "README.md" for b in ALL_BLOCKS) >= 1
+    for page in sorted((ROOT / "docs" / "losses").glob("*.md")):
+        assert any(b.path == page and b.skip is None for b in ALL_BLOCKS), page
     # at most a minority of blocks may be skipped for good (the rest must really run)
     never = [b for b in ALL_BLOCKS if b.skip is not None]
     assert len(never) * 3 < len(ALL_BLOCKS), [b.name for b in never]
