@@ -218,3 +218,27 @@ def test_cnn_bad_input():
         enc(torch.randn(2, 3 * 16 * 16))
     with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
         enc(torch.randn(2, 5, 3, 16, 16))
+
+
+# ------------------------------------------------------------------ through the reference trainer
+def test_trainer_fine_tunes_hf_vision_and_hf_text_on_demo_pixels(models, tmp_path):
+    """The reference trainer with a pixel backbone and a BERT text encoder (DVSE's setting), both
+    named by path in the config: one epoch trains both, and the checkpoint evaluates again."""
+    from fastrank.train import Trainer, load_config
+    from fastrank.train.loop import evaluate_checkpoint
+    cfg = load_config(None, **{
+        "data.path": "demo_pixels", "data.demo_n_train": 32, "data.demo_n_test": 12,
+        "model.image_encoder": f"hf_vision:{models['vit']}", "model.image_kw": {"pooling": "mean"},
+        "model.text_encoder": f"hf_text:{models['bert']}", "model.text_kw": {"pooling": "cls"},
+        "model.embed_dim": E, "relevance.source": "none", "loss.spec": "triplet:1.0",
+        "train.batch_size": 16, "train.epochs": 1, "train.progress": False, "train.out_dir": str(tmp_path),
+        "eval.cs_k": [5]})
+    tr = Trainer(cfg)
+    vit_before = {k: v.clone() for k, v in tr.model.image_encoder.model.state_dict().items()}
+    bert_before = {k: v.clone() for k, v in tr.model.text_encoder.model.state_dict().items()}
+    rec = tr.fit()[0]
+    assert "rsum" in rec
+    assert any(not torch.equal(v, vit_before[k]) for k, v in tr.model.image_encoder.model.state_dict().items())
+    assert any(not torch.equal(v, bert_before[k]) for k, v in tr.model.text_encoder.model.state_dict().items())
+    res = evaluate_checkpoint(tmp_path / "best.pt", graded=False)
+    assert res["rsum"] == pytest.approx(rec["rsum"])
