@@ -60,7 +60,8 @@ def _add_extract(sub) -> None:
     p.add_argument("--data", required=True, help="dataset_coco.json / dataset_flickr30k.json, or a path,caption CSV")
     p.add_argument("--images", help="image folder (required for a JSON; default for a CSV: its folder)")
     p.add_argument("--backbone", required=True,
-                   help="transformers vision model name or path (e.g. microsoft/resnet-152, google/vit-base-patch16-224)")
+                   help="transformers vision model name or path (e.g. microsoft/resnet-152, "
+                        "google/vit-base-patch16-224)")
     p.add_argument("--out", required=True, help="output folder (the precomp dataset root)")
     p.add_argument("--split", help="Karpathy split(s): train, val, test, restval, or e.g. train,restval (JSON only)")
     p.add_argument("--name", help="output split name [the split, commas as '+'; 'train' for a CSV]")

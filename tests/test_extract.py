@@ -62,7 +62,8 @@ def test_read_karpathy(disk):
 def test_read_csv(disk):
     items = read_caption_csv(disk / "images" / "caps.csv", captions_per_image=2)
     assert [(it.path, len(it.captions)) for it in items] == [
-        (disk / "images" / "im0.jpg", 2), (disk / "images" / "val2014" / "im1.jpg", 2), (disk / "images" / "im2.jpg", 2)]
+        (disk / "images" / "im0.jpg", 2), (disk / "images" / "val2014" / "im1.jpg", 2),
+        (disk / "images" / "im2.jpg", 2)]
     assert items[2].captions == ["Image 2 caption 0 with a line break.", "Image 2 caption 1 with a line break."]
 
 

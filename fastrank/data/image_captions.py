@@ -84,7 +84,8 @@ def read_karpathy(json_path, images, split: Union[str, Sequence[str]], captions_
             name, sub = im["filename"], im.get("filepath", "")
             caps = [c for c in (_clean(s["raw"]) for s in im["sentences"]) if c]
         except (KeyError, TypeError) as e:
-            raise ValueError(f"{json_path}: image entry {k} lacks {e} (needs filename, split, sentences[].raw)") from None
+            raise ValueError(f"{json_path}: image entry {k} lacks {e} "
+                             f"(needs filename, split, sentences[].raw)") from None
         path = images / sub / name
         if sub and not path.exists() and (images / name).exists():
             path = images / name
@@ -129,7 +130,8 @@ def read_image_captions(data, images=None, split: Optional[str] = None, captions
     suffix = Path(data).suffix.lower()
     if suffix == ".json":
         if split is None:
-            raise ValueError(f"split is required for a Karpathy split file ({KARPATHY_SPLITS}, or e.g. 'train,restval')")
+            raise ValueError(f"split is required for a Karpathy split file ({KARPATHY_SPLITS}, "
+                             f"or e.g. 'train,restval')")
         if images is None:
             raise ValueError("images (the image folder) is required for a Karpathy split file")
         return read_karpathy(data, images, split, captions_per_image)

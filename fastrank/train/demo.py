@@ -71,7 +71,8 @@ RECIPES: List[Recipe] = [
     Recipe("smooth_ap", "Smooth-AP, tau 0.01 (Brown et al., ECCV 2020)", "smooth_ap:1.0", {"smooth_ap": {"tau": 0.01}}),
     Recipe("pixel_triplet", "pixels, CNN from scratch: VSE++ triplet, hardest negative", "triplet:1.0",
            {"triplet": {"margin": 0.2, "mining": "hardest"}}, pixels=True),
-    Recipe("pixel_triplet+smooth_ndcg", "pixels, CNN from scratch: triplet + smooth-NDCG", "triplet:1.0,smooth_ndcg:1.0",
+    Recipe("pixel_triplet+smooth_ndcg", "pixels, CNN from scratch: triplet + smooth-NDCG",
+           "triplet:1.0,smooth_ndcg:1.0",
            {"triplet": {"margin": 0.2, "mining": "hardest"}, "smooth_ndcg": {"tau": 0.01}}, pixels=True),
 ]
 
