@@ -10,6 +10,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
+
+def _pil(tf, name):
+    """The PIL-backend image processor class (transformers 5 names it <name>Pil; 4.x has the plain one)."""
+    return getattr(tf, name + "Pil", None) or getattr(tf, name)
+
 from fastrank.cli import main  # noqa: E402
 from fastrank.data import PrecompDataset, read_caption_csv, read_image_captions, read_karpathy  # noqa: E402
 from fastrank.extract import extract_features  # noqa: E402
@@ -44,7 +49,7 @@ def disk(tmp_path_factory):
     tf = transformers
     tf.ResNetModel(tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 12], depths=[1, 1], layer_type="basic")
                    ).save_pretrained(root / "resnet")
-    tf.ConvNextImageProcessorPil(size={"shortest_edge": 32}, crop_pct=1.0).save_pretrained(root / "resnet")
+    _pil(tf, "ConvNextImageProcessor")(size={"shortest_edge": 32}, crop_pct=1.0).save_pretrained(root / "resnet")
     return root
 
 

@@ -8,6 +8,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
+
+def _pil(tf, name):
+    """The PIL-backend image processor class (transformers 5 names it <name>Pil; 4.x has the plain one)."""
+    return getattr(tf, name + "Pil", None) or getattr(tf, name)
+
 from fastrank.models import (VSE, HFTextEncoder, HFVisionEncoder, build_image_encoder,  # noqa: E402
                              build_text_encoder)
 
@@ -30,16 +35,16 @@ def models(tmp_path_factory):
     out["vit"] = root / "vit"
     tf.ViTModel(tf.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                              image_size=32, patch_size=8)).save_pretrained(out["vit"])
-    tf.ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(out["vit"])
+    _pil(tf, "ViTImageProcessor")(size={"height": 32, "width": 32}).save_pretrained(out["vit"])
     out["resnet"] = root / "resnet"
     tf.ResNetModel(tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 12], depths=[1, 1],
                                    layer_type="basic")).save_pretrained(out["resnet"])
-    tf.ConvNextImageProcessorPil(size={"shortest_edge": 32}, crop_pct=1.0).save_pretrained(out["resnet"])
+    _pil(tf, "ConvNextImageProcessor")(size={"shortest_edge": 32}, crop_pct=1.0).save_pretrained(out["resnet"])
     out["clip"] = root / "clip"
     tf.CLIPVisionModel(tf.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                            num_attention_heads=2, image_size=32, patch_size=8)
                        ).save_pretrained(out["clip"])
-    tf.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+    _pil(tf, "CLIPImageProcessor")(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
                              ).save_pretrained(out["clip"])
     return {k: str(v) for k, v in out.items()}
 
