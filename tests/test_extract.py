@@ -131,6 +131,8 @@ def test_extract_resumes_to_the_same_bytes(disk, tmp_path):
     before = (tmp_path / "two" / ".extract-test" / "chunk_000000.npy").stat().st_mtime_ns
     assert len(list((tmp_path / "two" / ".extract-test").glob("chunk_*.npy"))) == 2
     assert (tmp_path / "two" / ".extract-test" / "chunk_000000.npy").stat().st_mtime_ns == before
+    # a write killed half-way leaves only a temporary file: it is not a finished chunk
+    (tmp_path / "two" / ".extract-test" / "chunk_000002.npy.tmp.npy").write_bytes(b"half a chunk")
     extract_features(items, tmp_path / "two", "test", str(disk / "resnet"), **kw)
     for f in ("test_ims.npy", "test_caps.txt"):
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes()

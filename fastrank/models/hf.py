@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .. import _validation as V
 from ._registry import register_image_encoder, register_text_encoder
-from .pooling import GPO, masked_max, masked_mean
+from .pooling import GPO, length_mask, masked_max, masked_mean
 
 TEXT_POOLING = ("gpo", "mean", "cls")
 VISION_POOLING = ("gpo", "mean", "max", "cls", "pooled")
@@ -152,7 +152,6 @@ class HFTextEncoder(_Backbone):
             if lengths is None:
                 mask = torch.ones_like(ids, dtype=torch.bool)
             else:
-                from .pooling import length_mask
                 mask = length_mask(ids, lengths, "lengths")
         else:
             raise TypeError("hf_text captions must be a list of strings or a LongTensor (B, L) of token ids, got "
