@@ -1,4 +1,4 @@
-"""The ``fastrank`` command line: ``fastrank info | train | eval | demo``.
+"""The ``fastrank`` command line: ``fastrank info | train | eval | demo | extract``.
 
 ``python -m fastrank ...`` is the same command. Subcommands other than ``info`` live
 in fastrank.train and are imported only when used, so ``fastrank info`` stays fast.
@@ -35,6 +35,50 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _cmd_extract(args) -> int:
+    from .data.image_captions import read_image_captions
+    from .extract import extract_features
+    try:
+        items = read_image_captions(args.data, args.images, args.split, args.captions_per_image)
+        name = args.name or (args.split.replace(",", "+") if args.split else "train")
+        done = extract_features(items, args.out, name, args.backbone, features=args.features,
+                                batch_size=args.batch_size, chunk_size=args.chunk_size, device=args.device,
+                                dtype=args.dtype, workers=args.workers, max_chunks=args.max_chunks,
+                                progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"fastrank extract: error: {err}", file=sys.stderr)
+        return 2
+    return 0 if done is not None else 3
+
+
+def _add_extract(sub) -> None:
+    p = sub.add_parser("extract", help="run a vision backbone over images on disk -> precomp features",
+                       description="Run a transformers vision backbone over the images of a Karpathy split "
+                                   "JSON or a (path, caption) CSV and write <out>/<name>_ims.npy and "
+                                   "<name>_caps.txt, the layout `fastrank train --data <out>` reads. "
+                                   "Resumable: rerun the same command after an interruption.")
+    p.add_argument("--data", required=True, help="dataset_coco.json / dataset_flickr30k.json, or a path,caption CSV")
+    p.add_argument("--images", help="image folder (required for a JSON; default for a CSV: its folder)")
+    p.add_argument("--backbone", required=True,
+                   help="transformers vision model name or path (e.g. microsoft/resnet-152, "
+                        "google/vit-base-patch16-224)")
+    p.add_argument("--out", required=True, help="output folder (the precomp dataset root)")
+    p.add_argument("--split", help="Karpathy split(s): train, val, test, restval, or e.g. train,restval (JSON only)")
+    p.add_argument("--name", help="output split name [the split, commas as '+'; 'train' for a CSV]")
+    p.add_argument("--features", choices=("pooled", "grid"), default="pooled",
+                   help="pooled: one vector per image (n, D); grid: token / grid features (n, T, D) [pooled]")
+    p.add_argument("--captions-per-image", type=int, default=5, help="captions kept per image [5]")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass [32]")
+    p.add_argument("--chunk-size", type=int, default=1024, help="images per resumable chunk [1024]")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N [auto]")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="stored dtype [float32]")
+    p.add_argument("--workers", type=int, default=0, help="image loading processes [0]")
+    p.add_argument("--max-chunks", type=int, default=None,
+                   help="stop after this many new chunks (exit status 3); rerun to continue")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_extract)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastrank", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -45,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         train_cli = None
     if train_cli is not None:
         train_cli.add_subcommands(sub)
+    _add_extract(sub)
     return p
 
 

@@ -51,8 +51,8 @@ def linear_bias_before_bn(module):
 # ---------------------------------------------------------------- registry
 
 def test_registries_hold_the_zoo():
-    assert set(IMAGE_ENCODERS) == {"fc_max", "gpo", "sub_embed", "mlp"}
-    assert set(TEXT_ENCODERS) == {"gru", "sbert", "mlp"}
+    assert set(IMAGE_ENCODERS) == {"fc_max", "gpo", "sub_embed", "mlp", "hf_vision", "cnn"}
+    assert set(TEXT_ENCODERS) == {"gru", "sbert", "mlp", "hf_text"}
 
 
 def test_unknown_names_raise_with_the_registered_list():

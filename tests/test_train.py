@@ -295,7 +295,8 @@ def test_demo_quick(tmp_path):
     assert (out / "loss.png").stat().st_size > 0 and (out / "rsum.png").stat().st_size > 0
     md = (out / "results.md").read_text()
     assert "| triplet |" in md and "RSUM" in md
-    assert {r.name for r in RECIPES} == {"triplet", "triplet+smooth_ndcg", "bcls", "ladder", "topk", "smooth_ap"}
+    assert {r.name for r in RECIPES} == {"triplet", "triplet+smooth_ndcg", "bcls", "ladder", "topk", "smooth_ap",
+                                         "pixel_triplet", "pixel_triplet+smooth_ndcg"}
     # seeded and deterministic on CPU: a second run (one recipe) gives the same numbers
     from fastrank.train.demo import run_demo
     again = run_demo(out=tmp_path / "again", quick=True, recipes=["triplet"], progress=False, log=lambda s: None)

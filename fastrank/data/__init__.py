@@ -7,10 +7,14 @@ built-in demo dataset in the same layout.
   features and tokenised captions (or the raw strings, for sbert).
 - ``Vocab``: lower-case word vocabulary (``<pad>``, ``<start>``, ``<end>``, ``<unk>``).
 - ``make_demo(root=None, seed=0, n_train=3000, n_test=1000)``: the demo dataset.
+- ``read_image_captions(data, images, split)``: image files and captions from a Karpathy split
+  JSON or a (path, caption) CSV (what ``fastrank extract`` reads).
 """
 from .vocab import Vocab, tokenize
 from .precomp import LAYOUT, Batch, PrecompCollate, PrecompDataset, collate
 from .demo import DEMO_ATTRIBUTES, DemoSplit, make_demo
+from .image_captions import ImageCaptions, read_caption_csv, read_image_captions, read_karpathy
 
 __all__ = ["Vocab", "tokenize", "LAYOUT", "Batch", "PrecompCollate", "PrecompDataset", "collate",
-           "DEMO_ATTRIBUTES", "DemoSplit", "make_demo"]
+           "DEMO_ATTRIBUTES", "DemoSplit", "make_demo",
+           "ImageCaptions", "read_caption_csv", "read_image_captions", "read_karpathy"]

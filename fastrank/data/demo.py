@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Union
+from typing import Dict, List, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -188,15 +188,19 @@ def _regions(rng: np.random.Generator, attrs: np.ndarray, protos: np.ndarray, n_
 
 
 def _split(seed: int, stream: int, n: int, protos: np.ndarray, n_regions: int, noise: float,
-           cpi: int) -> DemoSplit:
+           cpi: int, pixels: Optional[int] = None) -> DemoSplit:
     rng = np.random.default_rng([seed, stream])
     attrs = _sample_scenes(rng, n)
     caps = _captions(rng, attrs, cpi)
+    if pixels is not None:   # the same scenes and captions, drawn (its own random stream)
+        from .pixels import render_scenes
+        images = render_scenes(attrs, pixels, seed=seed * 1000 + stream).reshape(n, -1)
+        return DemoSplit(images, caps, attrs.astype(np.int64))
     return DemoSplit(_regions(rng, attrs, protos, n_regions, noise), caps, attrs.astype(np.int64))
 
 
 def make_demo(root=None, seed: int = 0, n_train: int = 3000, n_test: int = 1000, n_regions: int = 12,
-              dim: int = 128, noise: float = 1.0, captions_per_image: int = 5
+              dim: int = 128, noise: float = 1.0, captions_per_image: int = 5, pixels: Optional[int] = None
               ) -> Union[Path, Dict[str, DemoSplit]]:
     """Generate the demo dataset (a second or two).
 
@@ -208,6 +212,9 @@ def make_demo(root=None, seed: int = 0, n_train: int = 3000, n_test: int = 1000,
     The same arguments give byte-identical files; the prototypes depend on seed and dim only,
     and each split has its own random stream, so the test split does not depend on n_train.
     noise: standard deviation of the per-element region noise (prototype entries have std 1).
+    pixels: None (region features), or a size S: the same scenes and captions rendered as
+    S x S RGB images (``fastrank.data.pixels.render_scenes``), stored flattened,
+    images (n, 3 S S) float32 in [0, 1] -- the input of the ``cnn`` / ``hf_vision`` encoders.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
@@ -215,8 +222,10 @@ def make_demo(root=None, seed: int = 0, n_train: int = 3000, n_test: int = 1000,
     n_regions, dim = V.check_int(n_regions, "n_regions"), V.check_int(dim, "dim")
     cpi = V.check_int(captions_per_image, "captions_per_image")
     noise = V.check_nonnegative(noise, "noise")
+    if pixels is not None:
+        pixels = V.check_int(pixels, "pixels", minimum=8)
     protos = _prototypes(np.random.default_rng([int(seed), 0]), dim)
-    splits = {name: _split(int(seed), stream, n, protos, n_regions, noise, cpi)
+    splits = {name: _split(int(seed), stream, n, protos, n_regions, noise, cpi, pixels)
               for name, stream, n in (("train", 1, n_train), ("test", 2, n_test))}
     if root is None:
         return splits

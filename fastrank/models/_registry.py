@@ -1,6 +1,8 @@
 """Encoder registries: look encoders up by name (``build_image_encoder("gpo", 2048, 1024)``).
 
-Every registered class is built as ``cls(in_dim, embed_dim, **kw)``.
+Every registered class is built as ``cls(in_dim, embed_dim, **kw)``. A name ``"base:model"``
+(e.g. ``"hf_text:bert-base-uncased"``) builds ``base`` with ``model="model"``: the weights'
+name or path travels in the encoder name (configs, checkpoints, the command line).
 """
 from __future__ import annotations
 
@@ -36,8 +38,15 @@ def register_text_encoder(name: str) -> Callable:
 
 
 def _build(table, kind, name, in_dim, embed_dim, kw) -> nn.Module:
+    if isinstance(name, str) and name not in table and ":" in name:
+        base, model = name.split(":", 1)
+        if base in table and model:
+            if "model" in kw:
+                raise ValueError(f"{kind} encoder {name!r} names its model; do not pass model= as well")
+            return table[base](in_dim, embed_dim, model=model, **kw)
     if name not in table:
-        raise ValueError(f"unknown {kind} encoder {name!r}; registered: {sorted(table)}")
+        raise ValueError(f"unknown {kind} encoder {name!r}; registered: {sorted(table)} (the hf_* ones "
+                         f"also as 'hf_text:<model name or path>')")
     return table[name](in_dim, embed_dim, **kw)
 
 

@@ -141,7 +141,8 @@ def add_subcommands(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda")
     p.add_argument("--epochs", type=int, default=None, help="override the number of epochs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--recipes", help="comma-separated subset of: triplet, triplet+smooth_ndcg, bcls, ladder, topk")
+    p.add_argument("--recipes", help="comma-separated subset of: triplet, triplet+smooth_ndcg, bcls, ladder, topk, smooth_ap, "
+                                                 "pixel_triplet, pixel_triplet+smooth_ndcg")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: 1 on CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_demo)

@@ -61,11 +61,12 @@ class DataConfig:
     """Where the data comes from.
 
     path: a precomp root (SCAN / VSE-infinity layout, see ``fastrank.data.PrecompDataset``) or
-        ``"demo"``: the built-in demo data (``fastrank.data.make_demo``), generated in memory.
+        ``"demo"``: the built-in demo data (``fastrank.data.make_demo``), generated in memory, or
+        ``"demo_pixels"``: its scenes rendered as 32 x 32 images (for ``model.image_encoder = "cnn"``).
     train_split / eval_split: split names (files ``{split}_ims.npy``, ``{split}_caps.txt``); the
         demo has "train" and "test".
     vocab_min_count: words seen fewer times in the training captions map to ``<unk>`` (gru).
-    demo_*: arguments of ``make_demo`` when path is "demo".
+    demo_*: arguments of ``make_demo`` when path is "demo" or "demo_pixels".
     num_workers: DataLoader worker processes.
     """
     path: str = "demo"

@@ -11,6 +11,9 @@ Recipes (``RECIPES``; the loss is the only difference):
 - ``topk``: top-k triplet (paper 003, k = 5);
 - ``smooth_ap``: Smooth-AP alone (Brown et al., ECCV 2020, tau 0.01; binary relevance: the
   captions of the query's image are its positives);
+- ``pixel_triplet`` / ``pixel_triplet+smooth_ndcg``: the first two on pixels -- the same scenes
+  and captions rendered as 32 x 32 images (``data.path = "demo_pixels"``), a small CNN (``cnn``)
+  trained from scratch instead of the fc on region features, as DVSE trains its backbone;
 
 and each of them evaluated after fast re-ranking (paper 004) as ``<name>+rerank``. Every recipe
 starts from one shared warm-up epoch (triplet summed over all negatives, VSE-infinity's warm-up:
@@ -36,7 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from .config import Config
-from .loop import Trainer, load_datasets
+from .loop import DEMO_PIXELS, Trainer, load_datasets
 from .plots import plot_curves
 from .relevance_source import CaptionRelevance
 
@@ -45,11 +48,13 @@ __all__ = ["Recipe", "RECIPES", "demo_config", "run_demo", "format_table", "mark
 
 @dataclass(frozen=True)
 class Recipe:
-    """One demo recipe: a ``CombinedLoss`` spec and its options."""
+    """One demo recipe: a ``CombinedLoss`` spec and its options; ``pixels``: trained on the
+    rendered scenes with the from-scratch CNN (``demo_config(pixels=True)``)."""
     name: str
     title: str
     spec: str
     options: Dict[str, Dict] = field(default_factory=dict)
+    pixels: bool = False
 
 
 RECIPES: List[Recipe] = [
@@ -64,11 +69,19 @@ RECIPES: List[Recipe] = [
            {"ladder": {"thresholds": [0.63], "margins": [0.2, 0.01], "weights": [1.0, 0.25], "hard": True}}),
     Recipe("topk", "top-k triplet, k = 5 (paper 003)", "topk:1.0", {"topk": {"k": 5, "margin": 0.2}}),
     Recipe("smooth_ap", "Smooth-AP, tau 0.01 (Brown et al., ECCV 2020)", "smooth_ap:1.0", {"smooth_ap": {"tau": 0.01}}),
+    Recipe("pixel_triplet", "pixels, CNN from scratch: VSE++ triplet, hardest negative", "triplet:1.0",
+           {"triplet": {"margin": 0.2, "mining": "hardest"}}, pixels=True),
+    Recipe("pixel_triplet+smooth_ndcg", "pixels, CNN from scratch: triplet + smooth-NDCG",
+           "triplet:1.0,smooth_ndcg:1.0",
+           {"triplet": {"margin": 0.2, "mining": "hardest"}, "smooth_ndcg": {"tau": 0.01}}, pixels=True),
 ]
 
 
+PIXEL_EPOCHS = 3   # the pixel recipes: 1 shared warm-up + 2 epochs each (the demo stays short)
+
+
 def demo_config(quick: bool = False, seed: int = 0, device: str = "auto", epochs: Optional[int] = None,
-                out: str = "demo_results") -> Config:
+                out: str = "demo_results", pixels: bool = False) -> Config:
     """The shared configuration of the demo runs (the recipe sets the loss).
 
     Full: 3000 training images (15000 captions), the 1000-image test split, fc_max + bi-GRU
@@ -76,6 +89,10 @@ def demo_config(quick: bool = False, seed: int = 0, device: str = "auto", epochs
     5 epochs of which the first is the shared warm-up (triplet summed over all negatives),
     sbert relevance. quick: 200 / 100 images, a tiny model, 1 warm-up + 1 epoch, TF-IDF
     relevance (a smoke test, well under a minute).
+
+    pixels: the pixel recipes' setup -- the same scenes rendered as 32 x 32 images
+    (``"demo_pixels"``), the ``cnn`` image encoder (widths 8 / 16 / 32, mean pooling) from
+    scratch, lr 1e-3, PIXEL_EPOCHS epochs (the first the shared warm-up); quick: widths 8 / 16.
     """
     cfg = Config()
     d, m, o, t, e = cfg.data, cfg.model, cfg.optim, cfg.train, cfg.eval
@@ -102,6 +119,11 @@ def demo_config(quick: bool = False, seed: int = 0, device: str = "auto", epochs
         o.lr, o.lr_milestones = 5e-4, [max(t.epochs - 1, 2)]
         e.cs_k = [100]
         cfg.relevance.source = "sbert"
+    if pixels:
+        d.path, m.image_encoder = "demo_pixels", "cnn"
+        m.image_kw = {"widths": [8, 16] if quick else [8, 16, 32]}
+        o.lr, o.lr_milestones = 1e-3, []
+        t.epochs = epochs or (2 if quick else PIXEL_EPOCHS)
     if t.epochs < 2:
         raise ValueError(f"the demo needs epochs >= 2 (1 warm-up epoch + the recipe's), got {t.epochs}")
     t.out_dir = str(Path(out) / "runs")
@@ -192,68 +214,48 @@ def _run_demo(out, quick, device, seed, epochs, recipes, progress, log) -> Dict[
     else:
         log(f"fastrank demo: device {base.train.device}; recipes: {', '.join(names)}")
 
-    t0 = time.time()
-    data = load_datasets(base.data)
-    train_ds, test_ds = data
-    log(f"data: {train_ds.n_images} training images ({train_ds.n_captions} captions), "
-        f"{test_ds.n_images} test images ({test_ds.n_captions} captions)")
-    rc = base.relevance
-    log(f"relevance: {rc.source} caption embeddings (encoded once, cached on disk) ...")
-    rel = (CaptionRelevance.from_dataset(train_ds, rc.source, rc.model, rc.cache_dir),
-           CaptionRelevance.from_dataset(test_ds, rc.source, rc.model, rc.cache_dir))
-    t_rel = time.time() - t0
-    log(f"relevance ready in {t_rel:.1f}s")
-
-    # the warm-up epoch is the same for every recipe (same loss, data order, seed): train it once
-    t0 = time.time()
-    wcfg = copy.deepcopy(base)
-    wcfg.loss.spec, wcfg.loss.options = base.loss.warmup_spec, copy.deepcopy(base.loss.warmup_options)
-    wcfg.train.epochs, wcfg.train.out_dir = base.loss.warmup_epochs, str(out / "runs" / "warmup")
-    log(f"\n== shared warm-up: {base.loss.warmup_epochs} epoch(s) of {base.loss.warmup_spec} "
-        f"{json.dumps(base.loss.warmup_options)} ==")
-    warm = Trainer(wcfg, data=data, relevance=rel, log=log)
-    warm.fit()
-    warm_state = copy.deepcopy(warm.state_dict())
-    del warm
-
     results: Dict[str, Dict[str, float]] = {}
     histories: Dict[str, List[Dict]] = {}
     skipped: Dict[str, str] = {}
-    timings: Dict[str, float] = {"data_and_relevance": t_rel, "warmup": time.time() - t0}
-    for name in names:
-        recipe = known[name]
-        cfg = copy.deepcopy(base)
-        cfg.loss.spec, cfg.loss.options = recipe.spec, copy.deepcopy(recipe.options)
-        cfg.train.out_dir = str(out / "runs" / name)
-        log(f"\n== {name}: {recipe.title} ({recipe.spec}) ==")
-        t0 = time.time()
-        try:
-            trainer = Trainer(cfg, data=data, relevance=rel, log=log)
-            trainer.load_state_dict(warm_state)
-            trainer.fit()
-        except NotImplementedError as err:
-            skipped[name] = f"loss not available yet ({type(err).__name__}{': ' + str(err) if str(err) else ''})"
-            log(f"   skipped {name}: {skipped[name]}")
+    timings: Dict[str, float] = {}
+    pixel_base, shared = None, None    # shared: (captions, relevance) of the last data set
+    for pixels in (False, True):
+        group = [n for n in names if known[n].pixels == pixels]
+        if not group:
             continue
-        histories[name] = trainer.history
-        sim = trainer.similarity()
-        results[name] = trainer.evaluate(graded=rel[1] is not None, sim=sim)
-        try:
-            results[f"{name}+rerank"] = trainer.evaluate(graded=rel[1] is not None, rerank=True, sim=sim)
-        except NotImplementedError as err:
-            skipped[f"{name}+rerank"] = (f"fast re-ranking not available yet ({type(err).__name__}"
-                                         f"{': ' + str(err) if str(err) else ''})")
-            log(f"   skipped {name}+rerank: {skipped[name + '+rerank']}")
-        timings[name] = time.time() - t0
-        log(f"   {name}: RSUM {results[name]['rsum']:.1f}"
-            + (f", re-ranked {results[name + '+rerank']['rsum']:.1f}" if f"{name}+rerank" in results else "")
-            + f" ({timings[name]:.1f}s)")
+        gbase = base
+        if pixels:
+            gbase = pixel_base = demo_config(quick, seed, device, epochs, str(out), pixels=True)
+            gbase.train.progress = progress
+        tag = "pixel_" if pixels else ""
+        t0 = time.time()
+        data = load_datasets(gbase.data)
+        train_ds, test_ds = data
+        log(f"{'' if not pixels else chr(10) + 'pixels: '}data: {train_ds.n_images} training images "
+            f"({train_ds.n_captions} captions), {test_ds.n_images} test images ({test_ds.n_captions} captions)"
+            + (f", rendered {DEMO_PIXELS} x {DEMO_PIXELS}" if pixels else ""))
+        captions = (train_ds.captions, test_ds.captions)
+        if shared is not None and shared[0] == captions:
+            rel = shared[1]     # the pixel scenes are the same scenes: the same captions, the same relevance
+            log("relevance: the same captions as above, the same relevance")
+        else:
+            rc = gbase.relevance
+            log(f"relevance: {rc.source} caption embeddings (encoded once, cached on disk) ...")
+            rel = (CaptionRelevance.from_dataset(train_ds, rc.source, rc.model, rc.cache_dir),
+                   CaptionRelevance.from_dataset(test_ds, rc.source, rc.model, rc.cache_dir))
+            shared = (captions, rel)
+        timings[f"{tag}data_and_relevance"] = time.time() - t0
+        log(f"relevance ready in {timings[tag + 'data_and_relevance']:.1f}s")
+        warm_state, timings[f"{tag}warmup"] = _warmup(gbase, data, rel, out / "runs" / f"{tag}warmup", log)
+        for name in group:
+            _run_recipe(known[name], gbase, data, rel, warm_state, out, log, results, histories, skipped, timings)
 
     timings["total"] = time.time() - t_start
     ordered = {k: results[k] for n in names for k in (n, f"{n}+rerank") if k in results}
     cs_k = base.eval.cs_k[0]
     (out / "results.json").write_text(json.dumps(ordered, indent=2) + "\n")
-    info = {"config": base.to_dict(), "recipes": {r: vars(known[r]) for r in names}, "skipped": skipped,
+    info = {"config": base.to_dict(), "pixel_config": pixel_base.to_dict() if pixel_base is not None else None,
+            "recipes": {r: vars(known[r]) for r in names}, "skipped": skipped,
             "timings_s": timings, "torch_threads": torch.get_num_threads(),
             "device": "cuda" if torch.cuda.is_available() and device in ("auto", "cuda") else device,
             "histories": histories}
@@ -264,7 +266,8 @@ def _run_demo(out, quick, device, seed, epochs, recipes, progress, log) -> Dict[
              plot_curves(histories, "rsum", out / "rsum.png", f"RSUM on the test split per epoch ({warm_note})",
                          "RSUM")]
     table = format_table(ordered, cs_k)
-    (out / "results.md").write_text(_markdown_report(ordered, base, names, known, skipped, timings, cs_k))
+    (out / "results.md").write_text(_markdown_report(ordered, base, names, known, skipped, timings, cs_k,
+                                                                  pixel_base))
     log("\n" + table)
     for k, why in skipped.items():
         log(f"skipped {k}: {why}")
@@ -273,7 +276,55 @@ def _run_demo(out, quick, device, seed, epochs, recipes, progress, log) -> Dict[
     return ordered
 
 
-def _markdown_report(results, cfg: Config, names, known, skipped, timings, cs_k) -> str:
+def _warmup(base: Config, data, rel, out_dir: Path, log):
+    """The warm-up epoch(s), the same for every recipe of a group (same loss, data order, seed):
+    trained once -> (its state, seconds)."""
+    t0 = time.time()
+    wcfg = copy.deepcopy(base)
+    wcfg.loss.spec, wcfg.loss.options = base.loss.warmup_spec, copy.deepcopy(base.loss.warmup_options)
+    wcfg.train.epochs, wcfg.train.out_dir = base.loss.warmup_epochs, str(out_dir)
+    log(f"\n== shared warm-up{' (pixels)' if base.data.path == 'demo_pixels' else ''}: "
+        f"{base.loss.warmup_epochs} epoch(s) of {base.loss.warmup_spec} {json.dumps(base.loss.warmup_options)} ==")
+    warm = Trainer(wcfg, data=data, relevance=rel, log=log)
+    warm.fit()
+    state = copy.deepcopy(warm.state_dict())
+    del warm
+    return state, time.time() - t0
+
+
+def _run_recipe(recipe: Recipe, base: Config, data, rel, warm_state, out: Path, log,
+                results, histories, skipped, timings) -> None:
+    """Train one recipe from the warm-up state and evaluate it, with and without re-ranking."""
+    name = recipe.name
+    cfg = copy.deepcopy(base)
+    cfg.loss.spec, cfg.loss.options = recipe.spec, copy.deepcopy(recipe.options)
+    cfg.train.out_dir = str(out / "runs" / name)
+    log(f"\n== {name}: {recipe.title} ({recipe.spec}) ==")
+    t0 = time.time()
+    try:
+        trainer = Trainer(cfg, data=data, relevance=rel, log=log)
+        trainer.load_state_dict(warm_state)
+        trainer.fit()
+    except NotImplementedError as err:
+        skipped[name] = f"loss not available yet ({type(err).__name__}{': ' + str(err) if str(err) else ''})"
+        log(f"   skipped {name}: {skipped[name]}")
+        return
+    histories[name] = trainer.history
+    sim = trainer.similarity()
+    results[name] = trainer.evaluate(graded=rel[1] is not None, sim=sim)
+    try:
+        results[f"{name}+rerank"] = trainer.evaluate(graded=rel[1] is not None, rerank=True, sim=sim)
+    except NotImplementedError as err:
+        skipped[f"{name}+rerank"] = (f"fast re-ranking not available yet ({type(err).__name__}"
+                                     f"{': ' + str(err) if str(err) else ''})")
+        log(f"   skipped {name}+rerank: {skipped[name + '+rerank']}")
+    timings[name] = time.time() - t0
+    log(f"   {name}: RSUM {results[name]['rsum']:.1f}"
+        + (f", re-ranked {results[name + '+rerank']['rsum']:.1f}" if f"{name}+rerank" in results else "")
+        + f" ({timings[name]:.1f}s)")
+
+
+def _markdown_report(results, cfg: Config, names, known, skipped, timings, cs_k, pixel_cfg=None) -> str:
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
     lines = ["# fastrank demo results", "",
              f"Demo data: {d.demo_n_train} training images x 5 captions, test split {d.demo_n_test} images "
@@ -287,6 +338,20 @@ def _markdown_report(results, cfg: Config, names, known, skipped, timings, cs_k)
              f"last epoch (no checkpoint selection on the test split); R@K in percent; `+rerank` = fast "
              f"re-ranking (paper 004) at evaluation.", "",
              markdown_table(results, cs_k), "", "| recipe | loss |", "|---|---|"]
+    if pixel_cfg is not None:
+        pm, po, pt = pixel_cfg.model, pixel_cfg.optim, pixel_cfg.train
+        pd = pixel_cfg.data
+        pixel_text = [f"Pixel recipes (`pixel_*`): the same demo scenes and captions ({pd.demo_n_train} training, "
+                      f"{pd.demo_n_test} test images x 5 captions, seed {pd.demo_seed}) rendered as {DEMO_PIXELS} x "
+                      f"{DEMO_PIXELS} images, image encoder `{pm.image_encoder}` {json.dumps(pm.image_kw)} "
+                      f"trained from scratch + {pm.text_encoder}, embed_dim {pm.embed_dim}, AdamW lr {po.lr:g}, "
+                      f"batch {pt.batch_size}, {pt.epochs} epochs of which the first is their own shared warm-up "
+                      f"(`{pixel_cfg.loss.warmup_spec}` over all negatives). Relevance: "
+                      f"{pixel_cfg.relevance.source}.", ""]
+        if any(known[n].pixels for n in names) and all(known[n].pixels for n in names):
+            lines[2:3] = pixel_text[:1]          # no region-feature recipe ran: only the pixel setup
+        else:
+            lines[4:4] = pixel_text
     lines += [f"| {n} | `{known[n].spec}` {json.dumps(known[n].options)} |" for n in names]
     if skipped:
         lines += ["", "Skipped:"] + [f"- {k}: {v}" for k, v in skipped.items()]

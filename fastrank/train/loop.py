@@ -97,13 +97,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+DEMO_PIXELS = 32   # side of the rendered demo scenes of ``data.path = "demo_pixels"``
+
+
 def load_datasets(data_cfg) -> Tuple[PrecompDataset, PrecompDataset]:
     """(train, eval) datasets of a :class:`~fastrank.train.config.DataConfig`; ``path = "demo"``
-    generates the demo data in memory (its splits are "train" and "test")."""
+    generates the demo data in memory (its splits are "train" and "test"), ``"demo_pixels"``
+    the same scenes rendered as 32 x 32 images (flattened, (n, 3072): for the ``cnn`` encoder)."""
     cpi = data_cfg.captions_per_image
-    if data_cfg.path == "demo":
+    if data_cfg.path in ("demo", "demo_pixels"):
         splits = make_demo(seed=data_cfg.demo_seed, n_train=data_cfg.demo_n_train,
-                           n_test=data_cfg.demo_n_test, captions_per_image=cpi)
+                           n_test=data_cfg.demo_n_test, captions_per_image=cpi,
+                           pixels=DEMO_PIXELS if data_cfg.path == "demo_pixels" else None)
         out = []
         for name in (data_cfg.train_split, data_cfg.eval_split):
             if name not in splits:
@@ -709,7 +714,7 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, split: Optional[
         dc.path = data
     if split is not None:
         dc.eval_split = split
-    if dc.path == "demo":
+    if dc.path in ("demo", "demo_pixels"):
         ds = load_datasets(dc)[1]
     else:
         ds = PrecompDataset(dc.path, dc.eval_split, dc.captions_per_image)
