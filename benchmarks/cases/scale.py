@@ -79,8 +79,8 @@ def minilm_tower(max_b: int, chunk: int) -> Tower:
         return model(dict(zip(keys, xs)))["sentence_embedding"]
 
     return Tower("MiniLM-L6 text tower", "text", model.train(), embed,
-                 lambda b: tuple(feats[k][:b] for k in keys), model.get_sentence_embedding_dimension(),
-                 chunk, 1.0)
+                 lambda b: tuple(feats[k][:b] for k in keys), int(model(
+                     {k: v[:1] for k, v in feats.items()})["sentence_embedding"].shape[1]), chunk, 1.0)
 
 
 def image_tower(max_b: int, chunk: int) -> Tower:
