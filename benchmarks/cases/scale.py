@@ -2,6 +2,7 @@
 
     python -m benchmarks scale --time-limit 900      # B = 256 .. 8192 (CPU), both towers
     python -m benchmarks scale --towers image --chunk 256 --case-limit 120
+    python -m benchmarks scale --towers text --sizes 4096 --impls cached --tag minilm-4096
     python -m benchmarks scale --quick               # the image tower at B = 32, 64 (seconds)
 
 A step is what the trainer's does with ``train.cache_chunk`` (``plain``) or without it
@@ -170,8 +171,8 @@ def run(args, device, save):
     machine = machine_info(device)
     quick = args.quick
     towers = args.towers or (["image"] if quick else ["image", "text"])
-    sizes_of = {k: [b for b in (QUICK_SIZES if quick else SIZES[k]) if args.max_n is None or b <= args.max_n]
-                for k in ("image", "text")}
+    sizes_of = {k: [b for b in (QUICK_SIZES if quick else args.sizes or SIZES[k])
+                    if args.max_n is None or b <= args.max_n] for k in ("image", "text")}
     sizes = sorted({b for k in towers for b in sizes_of[k]})
     impls = [i for i in IMPLS if not args.impls or i in args.impls]
     limit = args.case_limit or (30.0 if quick else 600.0)
@@ -224,7 +225,8 @@ def _payload(args, device, records, machine, t0, sizes, complete=True):
                          "time: the first call, or the median of 2 more when it took under "
                          f"{REPEAT_UNDER_S:g} s; peak extra memory of the first call: {PeakMemory(device).method}"]}
     conf = {"quick": args.quick, "sizes": list(sizes), "threads": args.threads, "chunk": args.chunk,
-            "towers": args.towers, "case_limit_s": args.case_limit, "time_limit_s": args.time_limit}
+            "towers": args.towers, "case_limit_s": args.case_limit, "time_limit_s": args.time_limit,
+            "sizes_arg": args.sizes}
     return payload("scale", device, conf, records, report, machine, t0, complete=complete)
 
 
