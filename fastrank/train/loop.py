@@ -17,9 +17,19 @@ one process this is the plain loss of the batch. Positives are the pairs that sh
 relevance (when a term needs it) is built for the global batch from the cached caption
 embeddings (see :mod:`fastrank.train.relevance_source`).
 
+Large batches. ``train.cache_chunk = C`` computes each step with gradient caching
+(:mod:`fastrank.train.grad_cache`): each rank embeds its batch C pairs at a time without a
+graph, every loss term runs on all the embeddings and back-propagates to them, then each chunk
+is embedded again under its replayed RNG state and the cached gradient flows into the
+parameters (DDP's ``no_sync`` for every chunk but the last). The gradient is the full-batch one
+(batch norm sees chunk statistics). ``train.memory_size = K`` adds a cross-batch memory
+(:mod:`fastrank.train.cross_batch`): the triplet, Smooth-AP and Recall@k terms also rank the
+last K image / caption embeddings of past global batches; it is the same on every rank and
+stored in last.pt. See ``docs/training-at-scale.md``.
+
 Files in ``train.out_dir``: ``last.pt`` (everything needed to resume: model, optimizer,
 scheduler, grad scaler, RNG states, epoch, step inside the epoch, the epoch's running loss
-sums, history), written at each epoch's end and inside epochs every ``train.save_every_steps``
+sums, history, the cross-batch memory), written at each epoch's end and inside epochs every ``train.save_every_steps``
 steps / ``train.save_every_minutes`` minutes; ``best.pt`` (the model, its config and vocabulary
 at the best ``eval.best_by`` so far: what evaluation and export need); ``metrics.jsonl`` (one
 JSON line per epoch); ``config.json``; with ``train.keep_checkpoints = K`` also the last K
