@@ -67,6 +67,11 @@ def parser(case_names) -> argparse.ArgumentParser:
     g.add_argument("--case-time", type=float, default=None, help="seconds of sampling per cell (default 5)")
     g = p.add_argument_group("metrics")
     g.add_argument("--n-images", type=int, default=None, help="images (captions: 5x); default 5000")
+    g = p.add_argument_group("scale")
+    g.add_argument("--chunk", type=int, default=None, help="gradient-caching chunk (default: 128 text, 256 image)")
+    g.add_argument("--towers", type=_csv, default=None, help="text, image (default: both; --quick: image)")
+    g.add_argument("--sizes", type=lambda s: [int(x) for x in _csv(s)], default=None,
+                   help="batch sizes (default: 256..8192 image, 256, 1024, 4096, 8192 text)")
     g = p.add_argument_group("cpu_kernels")
     g.add_argument("--kernel-src", default=None, metavar="CSRC",
                    help="A/B: also build the kernels of this csrc/ folder (e.g. of a git worktree at REV)")

@@ -357,6 +357,18 @@ def test_doc_tables_are_generated_from_their_result_files(bench):
     assert edited != text and bench.report.render_markdown(edited, doc.parent) == text
 
 
+def test_docs_tables_are_generated_from_their_result_files(bench):
+    """A benchmarks table in docs/*.md (paths relative to the page) is what its JSON gives."""
+    pages = [p for p in sorted((ROOT / "docs").glob("*.md")) if bench.report.MARKER.search(p.read_text())]
+    for page in pages:
+        text = page.read_text()
+        for block in bench.report.MARKER.findall(text):
+            spec = bench.report.parse_spec(block[1])
+            assert (page.parent / spec["file"]).is_file(), (page.name, spec["file"])
+        assert bench.report.render_markdown(text, page.parent) == text, \
+            f"{page.name}: tables differ from their JSON: python -m benchmarks report {page.relative_to(ROOT)}"
+
+
 def test_no_issue_numbers_in_the_benchmarks_and_their_docs():
     files = [p for p in BENCH.rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".sh", ".json", ".cpp")]
     files += [ROOT / "README.md", Path(__file__)] + sorted((ROOT / "docs").rglob("*.md"))

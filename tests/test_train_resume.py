@@ -164,6 +164,32 @@ def test_kill9_then_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     _assert_same_run(ref, out, VALUES["train.epochs"])
 
 
+def test_kill9_and_resume_with_gradient_caching_and_memory(tmp_path):
+    """Gradient caching (chunks of 6, 6, 4 through the mlp encoder's dropout and batch norm) and
+    the cross-batch memory (Smooth-AP and triplet rank 40 past embeddings): killed -9 after the
+    first mid-epoch checkpoint of epoch 2, resumed, it ends bit-identical to the run never
+    stopped: the replayed RNG and the memory in last.pt leave nothing to chance."""
+    extra = {"train.cache_chunk": 6, "train.memory_size": 40,
+             "loss.spec": "triplet:1.0,smooth_ap:1.0,smooth_ndcg:1.0"}
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    reference = _start(tmp_path, ref, **extra)
+    rc, so, se = _train(tmp_path, out, mode="kill", epoch=1, **extra)
+    assert rc == -signal.SIGKILL, so + se
+    ck = load_checkpoint(out / "last.pt")
+    assert (ck["epoch"], ck["step"]) == (1, 4)
+    assert ck["memory"]["capacity"] == 40 and len(ck["memory"]["images"]["ids"]) == 40
+    rc, so, se = _train(tmp_path, out, resume=True, **extra)
+    assert rc == 0, so + se
+    assert "resumed from" in so and "epoch 2, step 4" in so, so
+    rc, so, se = _wait(reference)
+    assert rc == 0, so + se
+    _assert_same_run(ref, out, VALUES["train.epochs"])
+    ca, cb = load_checkpoint(ref / "last.pt"), load_checkpoint(out / "last.pt")
+    for part in ("images", "captions"):
+        for k in ("embeddings", "ids"):
+            assert torch.equal(ca["memory"][part][k], cb["memory"][part][k]), (part, k)
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_torchrun_two_gloo_processes_killed_stopped_and_resumed(tmp_path):
     """2 gloo processes under torchrun: rank 0 killed -9 right after the first mid-epoch

@@ -35,6 +35,10 @@ _SHORTCUTS = [
     ("seed", "train.seed", int, "random seed"),
     ("device", "train.device", str, "auto, cpu, cuda, cuda:N"),
     ("workers", "data.num_workers", int, "DataLoader workers"),
+    ("cache_chunk", "train.cache_chunk", int, "gradient caching: embed in chunks of this many pairs, "
+                                              "then replay them with the cached gradient (0 = off)"),
+    ("memory_size", "train.memory_size", int, "cross-batch memory: past embeddings per modality that "
+                                              "triplet / smooth_ap / recall_at_k also rank (0 = off)"),
 ]
 
 

@@ -151,6 +151,13 @@ class TrainConfig:
         (0 = off; either one triggers). ``--resume`` continues from that step exactly.
     keep_checkpoints: also keep the last K checkpoints as ``epoch{E}_step{S}.pt`` (last.pt is
         a hard link to the newest; 0 = only last.pt).
+    cache_chunk: gradient caching (``fastrank.train.grad_cache``): embed each rank's batch in
+        chunks of this many pairs without a graph, compute the loss on all embeddings, then
+        re-embed chunk by chunk and back-propagate the cached gradients (0 = off). Memory of the
+        encoders' activations is that of one chunk; batch norm sees chunk statistics.
+    memory_size: cross-batch memory (``fastrank.train.cross_batch``): the triplet, Smooth-AP and
+        Recall@k terms also rank the last memory_size image / caption embeddings of past
+        batches (0 = off). Stored in last.pt; the same on every rank.
     """
     epochs: int = 30
     batch_size: int = 128
@@ -165,6 +172,8 @@ class TrainConfig:
     save_every_steps: int = 0
     save_every_minutes: float = 10.0
     keep_checkpoints: int = 0
+    cache_chunk: int = 0
+    memory_size: int = 0
 
 
 @dataclass
@@ -256,6 +265,8 @@ class Config:
         V.check_int(self.train.save_every_steps, "train.save_every_steps", 0)
         V.check_nonnegative(self.train.save_every_minutes, "train.save_every_minutes")
         V.check_int(self.train.keep_checkpoints, "train.keep_checkpoints", 0)
+        V.check_int(self.train.cache_chunk, "train.cache_chunk", 0)
+        V.check_int(self.train.memory_size, "train.memory_size", 0)
         V.check_int(self.eval.every, "eval.every", 0)
         V.check_int(self.eval.batch_size, "eval.batch_size")
         V.check_int(self.loss.warmup_epochs, "loss.warmup_epochs", 0)

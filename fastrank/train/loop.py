@@ -17,9 +17,19 @@ one process this is the plain loss of the batch. Positives are the pairs that sh
 relevance (when a term needs it) is built for the global batch from the cached caption
 embeddings (see :mod:`fastrank.train.relevance_source`).
 
+Large batches. ``train.cache_chunk = C`` computes each step with gradient caching
+(:mod:`fastrank.train.grad_cache`): each rank embeds its batch C pairs at a time without a
+graph, every loss term runs on all the embeddings and back-propagates to them, then each chunk
+is embedded again under its replayed RNG state and the cached gradient flows into the
+parameters (DDP's ``no_sync`` for every chunk but the last). The gradient is the full-batch one
+(batch norm sees chunk statistics). ``train.memory_size = K`` adds a cross-batch memory
+(:mod:`fastrank.train.cross_batch`): the triplet, Smooth-AP and Recall@k terms also rank the
+last K image / caption embeddings of past global batches; it is the same on every rank and
+stored in last.pt. See ``docs/training-at-scale.md``.
+
 Files in ``train.out_dir``: ``last.pt`` (everything needed to resume: model, optimizer,
 scheduler, grad scaler, RNG states, epoch, step inside the epoch, the epoch's running loss
-sums, history), written at each epoch's end and inside epochs every ``train.save_every_steps``
+sums, history, the cross-batch memory), written at each epoch's end and inside epochs every ``train.save_every_steps``
 steps / ``train.save_every_minutes`` minutes; ``best.pt`` (the model, its config and vocabulary
 at the best ``eval.best_by`` so far: what evaluation and export need); ``metrics.jsonl`` (one
 JSON line per epoch); ``config.json``; with ``train.keep_checkpoints = K`` also the last K
@@ -63,6 +73,8 @@ from ..nn import CombinedLoss
 from .checkpoint import (CheckpointError, link_atomic, load_checkpoint, rng_state, save_atomic,
                          set_rng_state)
 from .config import Config
+from .cross_batch import MEMORY_TERMS, CrossBatchMemory
+from .grad_cache import cached_step
 from .relevance_source import CaptionRelevance
 
 __all__ = ["Trainer", "load_datasets", "build_model", "epoch_batches", "seed_everything",
@@ -244,6 +256,13 @@ class Trainer:
             raise ValueError(f"loss {lc.spec!r} needs relevance, but relevance.source is "
                              f"{rc.source!r}; use 'sbert' (or 'tfidf')")
         self._eval_rel_matrix = None
+        self.memory = None
+        if tc.memory_size:
+            names = set(self.loss_fn) | set(self.warmup_loss_fn or {})
+            if not names & set(MEMORY_TERMS):
+                raise ValueError(f"train.memory_size = {tc.memory_size} needs a loss term among "
+                                 f"{MEMORY_TERMS}; loss.spec is {lc.spec!r}")
+            self.memory = CrossBatchMemory(tc.memory_size)
 
         oc = self.cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -364,20 +383,24 @@ class Trainer:
             img_len = batch.image_lengths.to(self.device) if batch.image_lengths is not None else None
             caps = batch.captions.to(self.device, non_blocking=True) if torch.is_tensor(batch.captions) \
                 else batch.captions
-            with self._autocast():
-                out = net(images, caps, img_len, batch.caption_lengths)
-                total, parts = None, []
-                for local_loss, w in terms.values():
-                    v = local_loss(out.img_emb, out.txt_emb, relevance=rel, positives=positives)
-                    parts.append(v.detach())
-                    total = w * v if total is None else total + w * v
+            ids = img_index.to(self.device)
+            inputs = (images, caps, img_len, batch.caption_lengths)
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(total * self.world_size if self.ddp is not None else total).backward()
+            if tc.cache_chunk:
+                total, parts, img_emb, txt_emb = self._cached_backward(net, terms, inputs, rel, positives, ids)
+            else:
+                with self._autocast():
+                    out = net(*inputs)
+                    img_emb, txt_emb = out.img_emb, out.txt_emb
+                    total, parts = self._loss_terms(terms, img_emb, txt_emb, rel, positives, ids)
+                self.scaler.scale(total * self.world_size if self.ddp is not None else total).backward()
             if self.cfg.optim.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.memory is not None:   # after the loss: the memory holds past batches only
+                self.memory.enqueue(img_emb, txt_emb, ids)
             sums += torch.stack([total.detach()] + parts).double()   # stays on the device: no sync
             self.step = step + 1
             if bar is not loader and step % 10 == 0:
@@ -396,6 +419,42 @@ class Trainer:
         return {"epoch": self.epoch, "loss": float(sums[0]),
                 "loss_parts": {n: float(v) for n, v in zip(terms, sums[1:])},
                 "lr": lr, "steps": n_steps, "time_train": time_train}
+
+    def _loss_terms(self, terms, img_emb, txt_emb, rel, positives, ids):
+        """(weighted total, [term values]) of this rank's share of the global-batch loss; the
+        terms of :data:`~fastrank.train.cross_batch.MEMORY_TERMS` also rank the memory."""
+        total, parts = None, []
+        for name, (local_loss, w) in terms.items():
+            if self.memory is not None and name in MEMORY_TERMS:
+                v = self.memory.loss(local_loss, img_emb, txt_emb, ids, self.rank)
+            else:
+                v = local_loss(img_emb, txt_emb, relevance=rel, positives=positives)
+            parts.append(v.detach())
+            total = w * v if total is None else total + w * v
+        return total, parts
+
+    def _cached_backward(self, net, terms, inputs, rel, positives, ids):
+        """The gradient-cached forward and backward of one step (``train.cache_chunk``; see
+        :mod:`fastrank.train.grad_cache`): embed this rank's batch in chunks without a graph,
+        the loss on all embeddings back to them, then each chunk again (its RNG replayed) with
+        the cached gradient; under DDP the all-reduce runs in the last chunk only."""
+        def embed_with(model):
+            def embed(images, caps, img_len, cap_len):
+                with self._autocast():
+                    out = model(images, caps, img_len, cap_len)
+                return out.img_emb, out.txt_emb
+            return embed
+
+        def loss_fn(img_emb, txt_emb):
+            with self._autocast():
+                total, parts = self._loss_terms(terms, img_emb, txt_emb, rel, positives, ids)
+            return self.scaler.scale(total * self.world_size if self.ddp is not None else total), total, parts
+
+        (_, total, parts), (img_emb, txt_emb) = cached_step(
+            embed_with(self.model), inputs, self.cfg.train.cache_chunk, loss_fn,
+            replay_embed=embed_with(net), no_sync=self.ddp.no_sync if self.ddp is not None else None,
+            module=self.model)
+        return total.detach(), parts, img_emb, txt_emb
 
     # ------------------------------------------------------------------ stopping and saving
     def _agreed(self, stop: int, timed: bool) -> Tuple[int, bool]:
@@ -615,6 +674,7 @@ class Trainer:
             "best": self.best,
             "history": self.history,
             "rng": rng_state(self.device),
+            "memory": self.memory.state_dict() if self.memory is not None else None,
         })
         del state["metrics"]
         return state
@@ -674,6 +734,13 @@ class Trainer:
             self._epoch_sums = (sums.sum(0) if self.is_main else torch.zeros_like(sums[0])).to(self.device)
         self.history = copy.deepcopy(list(state["history"]))
         set_rng_state(state["rng"], self.device)
+        if self.memory is not None:   # a checkpoint without one (memory off then): start empty
+            self.memory = CrossBatchMemory(self.memory.capacity)
+            if state.get("memory") is not None:
+                try:
+                    self.memory.load_state_dict(state["memory"])
+                except ValueError as err:
+                    raise CheckpointError(f"{self.resumed_from or 'the checkpoint'}: {err}") from None
 
     def _restore(self, ckpt: Dict) -> None:
         if int(ckpt.get("step", 0)):   # inside an epoch: the data order must be the same
