@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from fastrank.distributed import LocalLoss
-from fastrank.memory import EmbeddingMemory
 from fastrank.nn import CombinedLoss
 from fastrank.nn.combined import LOSS_NAMES
 from fastrank.train import Trainer, load_config

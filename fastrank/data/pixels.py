@@ -105,7 +105,7 @@ def render_scenes(attributes, size: int = 32, seed: int = 0, noise: float = 0.03
         h = base / np.sqrt(aspect)
         w = base * np.sqrt(aspect)
         xs = (np.arange(n_fig) + rng.uniform(0.3, 0.7, n_fig)) * (s / n_fig)
-        for k, x in enumerate(xs):
+        for x in xs:
             y = s * yc + rng.uniform(-0.05, 0.05) * s
             _figure(draw, obj, float(x), float(y), w, h, _COLOURS[col])
         if itm:
