@@ -6,6 +6,7 @@
     python -m benchmarks percall sweep --ops smooth_ndcg
     python -m benchmarks sweep --threads 1 --max-n 512      # one core
     python -m benchmarks report README.md benchmarks/results   # tables and plots from the JSON
+    python -m benchmarks cuda_resources          # every CUDA kernel's registers, spills, occupancy
 
 Each case writes ``<out>/<device>-<date>-<case>[-<tag>].json`` and its ``.md`` and
 ``.png`` (results.py, report.py). Several cases run one after another, each in its own
@@ -88,6 +89,9 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
     if argv[:1] == ["report"]:
         from . import report
         return report.main(argv[1:])
+    if argv[:1] == ["cuda_resources"]:
+        from . import cuda_resources
+        return cuda_resources.main(argv[1:])
     threads = _set_threads(argv)
     import torch
     if threads:
