@@ -266,8 +266,20 @@ def source_kernels() -> List[str]:
     files = list((ROOT / "csrc" / "cuda").glob("*.cu*")) + list((ROOT / "csrc" / "include" / "fastrank").glob("*.h"))
     for f in files:
         text = re.sub(r"//[^\n]*", "", f.read_text())
-        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(", text):
-            names.add(m[1])
+        for m in re.finditer(r"__global__\s+void\s+", text):
+            rest = text[m.end():]
+            if rest.startswith("__launch_bounds__"):  # skip its (possibly nested) parentheses
+                depth, i = 0, len("__launch_bounds__")
+                while True:
+                    depth += {"(": 1, ")": -1}.get(rest[i], 0)
+                    i += 1
+                    if depth == 0 and rest[i - 1] == ")":
+                        break
+                rest = rest[i:]
+            name = re.match(r"\s*(\w+)\s*\(", rest)
+            if name is None:
+                raise ValueError(f"{f.name}: a __global__ function whose name cannot be read: {rest[:80]!r}")
+            names.add(name[1])
     return sorted(names)
 
 
