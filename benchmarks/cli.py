@@ -5,7 +5,8 @@
     python -m benchmarks                         # every case at this device's sizes (long on a CPU)
     python -m benchmarks percall sweep --ops smooth_ndcg
     python -m benchmarks sweep --threads 1 --max-n 512      # one core
-    python -m benchmarks report README.md docs/benchmarks.md benchmarks/results   # tables and plots from the JSON
+    python -m benchmarks report README.md docs/benchmarks.md docs/porting.md docs/training-at-scale.md benchmarks/results   # tables and plots from the JSON
+    python -m benchmarks cuda_resources          # every CUDA kernel's registers, spills, occupancy
 
 Each case writes ``<out>/<device>-<date>-<case>[-<tag>].json`` and its ``.md`` and
 ``.png`` (results.py, report.py). Several cases run one after another, each in its own
@@ -105,6 +106,9 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
     if argv[:1] == ["report"]:
         from . import report
         return report.main(argv[1:])
+    if argv[:1] == ["cuda_resources"]:
+        from . import cuda_resources
+        return cuda_resources.main(argv[1:])
     threads = _set_threads(argv)
     import torch
     if threads:

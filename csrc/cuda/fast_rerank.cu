@@ -130,7 +130,7 @@ template <typename A> __device__ A merge_lse(const A* pm, const A* ps, int64_t s
 
 // thread k < m: col_lse[k]; m <= k < m + n: row_lse[k - m]
 template <typename A>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<A>(8, 4))
     lse_merge_kernel(const A* __restrict__ ws, int64_t n, int64_t m, int64_t gx, int64_t gy,
                      A* __restrict__ col_lse, A* __restrict__ row_lse) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;

@@ -38,7 +38,7 @@ constexpr int kThreads = 256;
 constexpr int kChunk = 1024;
 
 template <typename T, typename R>
-__global__ void __launch_bounds__(kThreads) kendall_kernel(const T* __restrict__ sim, int64_t s0, int64_t s1,
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(5, 4)) kendall_kernel(const T* __restrict__ sim, int64_t s0, int64_t s1,
                                                            const R* __restrict__ rel, int64_t r0, int64_t r1,
                                                            const uint8_t* __restrict__ mask, int64_t m0, int64_t m1,
                                                            int64_t n, int64_t m, int64_t n_i2t, int64_t n_total,

@@ -21,9 +21,7 @@ struct RecallHead {
   double tk[kMaxKs];
   int n_k;
   __device__ int n_stats() const { return n_k; }
-  template <typename A> __device__ void stats(A a, A, A* out) const {
-    for (int i = 0; i < n_k; ++i) out[i] = logistic_pos((A(ks[i]) - a) / A(tk[i]));
-  }
+  template <typename A> __device__ A stat(int i, A a, A) const { return logistic_pos((A(ks[i]) - a) / A(tk[i])); }
   template <typename A> __device__ A loss(const A* h, A np) const {
     A recall = 0;
     for (int i = 0; i < n_k; ++i) {

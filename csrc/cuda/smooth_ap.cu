@@ -16,7 +16,7 @@ struct ApHead {
   static constexpr bool kFlagged = true;  // needs B, the ranks among the positives
   static constexpr int kStats = 1;        // sum_j B_j / A_j
   __device__ int n_stats() const { return 1; }
-  template <typename A> __device__ void stats(A a, A b, A* out) const { out[0] = b / a; }
+  template <typename A> __device__ A stat(int, A a, A b) const { return b / a; }
   template <typename A> __device__ A loss(const A* totals, A np) const { return A(1) - totals[0] / np; }
   template <typename A> __device__ void coef(A a, A b, const A*, A np, A* u, A* v) const {
     *u = b / (np * a * a);

@@ -67,7 +67,7 @@ __device__ __forceinline__ void stage_chunk(int d, int64_t c0, int64_t i0, int64
 }
 
 template <typename T, typename R>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(3, 4))
 forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const R* __restrict__ rel, int64_t rs0,
               int64_t rs1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
               int64_t tiles_m, int direction, acc_t<T> inv_tau, acc_t<T>* __restrict__ a1, acc_t<T>* __restrict__ a2,
@@ -87,6 +87,7 @@ forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const R* __re
   const A r_ij = v_ij ? load(rel[i * rs0 + j * rs1]) : A(0);
   const A g_ij = ndcg_gain(r_ij);  // 0 outside the list
   const A z = poison(s_ij + r_ij);  // a non-finite input poisons its terms
+  FASTRANK_UNROLL
   for (int d = 0; d < 2; ++d) {
     if (!(direction & (d == 0 ? kI2T : kT2I))) continue;  // uniform over the block
     // d = 0: the list of element (i, j) is row i (candidates k over m columns, own index j);
@@ -189,7 +190,7 @@ finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(3, 2))
 backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ mask, int64_t ms0,
                int64_t ms1, int64_t n, int64_t m, int64_t tiles_m, int direction, int reduction, acc_t<T> inv_tau,
                const acc_t<T>* __restrict__ grad_out, int64_t gs, const acc_t<T>* __restrict__ ws,
@@ -205,14 +206,31 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
   const bool in = i < n && j < m;
   const bool v_ij = in && in_list(mask, ms0, ms1, i, j);
   const A s_ij = v_ij ? load(sim[i * ss0 + j * ss1]) : A(0);
-  A total = 0;
-  int64_t off = 0;
+  // Each direction's coefficient and own weight a_ij first: across the candidate loops only
+  // these stay live, not the offsets, pointers and flags they come from (fewer registers,
+  // no local-memory spills; docs/cuda-resources.md).
+  A coef[2] = {A(0), A(0)}, a_own[2] = {A(0), A(0)};
+  FASTRANK_UNROLL
   for (int d = 0; d < 2; ++d) {
-    if (!(d == 0 ? L.d1 : L.d2)) continue;  // uniform over the block
-    const A* a = ws + (d == 0 ? L.a1 : L.a2);
-    const int64_t nc = d == 0 ? m : n, q = d == 0 ? i : j;
+    if (!(d == 0 ? L.d1 : L.d2) || !v_ij) continue;
+    const int64_t q = d == 0 ? i : j, off = d == 0 || !L.d1 ? 0 : n;  // the query's row of idcg, grad_out
+    const A count = ws[L.counts + d];
+    const A scale = reduction == kMean ? (count > A(0) ? A(1) / count : A(0)) : A(1);
+    const A wq = reduction == kNone ? grad_out[(off + q) * gs] : grad_out[0] * scale;
+    const A ideal = ws[L.idcg + off + q];
+    coef[d] = ideal > A(0) ? -wq * inv_tau / ideal : A(0);
+    a_own[d] = ws[(d == 0 ? L.a1 : L.a2) + i * m + j];
+  }
+  const A* a_dir[2] = {ws + L.a1, ws + L.a2};
+  const bool on[2] = {L.d1, L.d2};
+  A total = 0;
+  FASTRANK_UNROLL
+  for (int d = 0; d < 2; ++d) {
+    if (!on[d]) continue;  // uniform over the block
+    const A* a = a_dir[d];
+    const int64_t nc = d == 0 ? m : n;
     const int me = d == 0 ? ty : tx;
-    const A a_ij = v_ij ? a[i * m + j] : A(0);
+    const A a_ij = a_own[d];
     A sum = 0;
     for (int64_t c0 = 0; c0 < nc; c0 += kChunk) {
       stage_chunk(d, c0, i0, j0, n, m, mask, ms0, ms1, [&](int slot, int cc, int64_t ii, int64_t jj, bool ok) {
@@ -230,15 +248,7 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
       }
       __syncthreads();
     }
-    if (v_ij) {
-      const A count = ws[L.counts + d];
-      const A scale = reduction == kMean ? (count > A(0) ? A(1) / count : A(0)) : A(1);
-      const A wq = reduction == kNone ? grad_out[(off + q) * gs] : grad_out[0] * scale;
-      const A ideal = ws[L.idcg + off + q];
-      const A coef = ideal > A(0) ? -wq * inv_tau / ideal : A(0);
-      total += coef == A(0) ? poison(sum) : coef * sum;  // constant loss: 0 unless non-finite
-    }
-    off += d == 0 ? n : m;
+    if (v_ij) total += coef[d] == A(0) ? poison(sum) : coef[d] * sum;  // constant loss: 0 unless non-finite
   }
   if (in) grad[i * m + j] = store<T>(v_ij ? total : A(0));
 }

@@ -53,9 +53,12 @@ __device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, in
 
 // Head: kFlagged (the ranks among the positives, B, and its sums are needed), kStats (the
 // per-query statistics the loss needs), n_stats() (how many of them this call uses),
-// stats(A, B, out[]) of one positive, loss(totals, np) and coef(A, B, totals, np, &u, &v).
+// stat(i, A, B) (statistic i of one positive), loss(totals, np) and coef(A, B, totals, np,
+// &u, &v). The totals live in shared memory, summed one statistic at a time: a per-thread
+// array of kStats values, indexed by a loop bound known only at run time, would live in
+// local memory (docs/cuda-resources.md).
 template <typename T, class Head>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 2))
 subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ pos,
                       int64_t ps0, int64_t ps1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n,
                       int64_t m, int direction, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
@@ -65,6 +68,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
   __shared__ A scratch[kThreads];
   __shared__ A st_s[kThreads], st_u[kThreads], st_v[kThreads];  // phase 3: the staged positives
   __shared__ int warp_count[kWarps];
+  __shared__ A totals[Head::kStats];  // phase 2: the head's statistics, summed over the block
   const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int64_t nm = n * m;
@@ -137,15 +141,15 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
     __syncthreads();
 
     // ---- phase 2: the head's statistics, the loss, the coefficients
-    A totals[Head::kStats];
-    for (int i = 0; i < head.n_stats(); ++i) totals[i] = 0;
-    for (int64_t c = t; c < v.n_c; c += kThreads) {
-      if (!positive(c)) continue;
-      A s[Head::kStats];
-      head.stats(X0[c * v.o_c], X1[c * v.o_c], s);
-      for (int i = 0; i < head.n_stats(); ++i) totals[i] += s[i];
+    for (int i = 0; i < head.n_stats(); ++i) {
+      A s = 0;
+      for (int64_t c = t; c < v.n_c; c += kThreads) {
+        if (positive(c)) s += head.stat(i, X0[c * v.o_c], X1[c * v.o_c]);
+      }
+      s = block_sum(s, scratch);
+      if (t == 0) totals[i] = s;
     }
-    for (int i = 0; i < head.n_stats(); ++i) totals[i] = block_sum(totals[i], scratch);
+    __syncthreads();  // the totals are visible to the whole block
     const A qloss = (np > A(0) ? head.loss(totals, np) : A(0)) + pois;
     if (with_grad && np > A(0)) {
       for (int64_t c = t; c < v.n_c; c += kThreads) {
@@ -235,7 +239,7 @@ subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restric
 // grad_out[q] (none) or grad_out[0] * (1 / count_d for mean); a zero coefficient still passes
 // a non-finite G on. Masked entries have G = 0.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(8, 6))
 subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const acc_t<T>* __restrict__ grad_out,
                        int64_t gs, const acc_t<T>* __restrict__ ws, T* __restrict__ grad) {
   using A = acc_t<T>;

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -33,6 +34,27 @@ constexpr int64_t kMaxGridX = 2147483647;  // gridDim.x
 constexpr int64_t kMaxGridYZ = 65535;      // gridDim.y, gridDim.z
 
 template <typename T> struct Same { using type = T; };
+
+// The second argument of a kernel's __launch_bounds__, by element type T: the blocks of
+// `threads` threads that must fit on one SM together, so ptxas keeps every thread within
+// 65536 / (blocks * threads) registers. Given the block size alone, ptxas (CUDA 13) picks a
+// register target of its own per kernel and arch and, for several kernels here, spilled to
+// local memory to meet it; a stated minimum is a budget it allocates to instead. double
+// values take two registers, so double instantiations ask for fewer blocks. The numbers are
+// chosen per kernel from ptxas's report, and tests/test_cuda_resources.py fails on any spill
+// (docs/cuda-resources.md: the table, and why each kernel's occupancy is enough).
+template <typename T> constexpr int min_blocks(int for_float, int for_double) {
+  return std::is_same<T, double>::value ? for_double : for_float;
+}
+
+// `#pragma unroll` for nvcc (a loop over the two directions whose per-direction values
+// live in small arrays: unrolled, they are registers; not unrolled, local memory). The
+// host compiler of the SIMT emulator gets nothing (GCC warns on the unknown pragma).
+#if defined(FASTRANK_SIMT)
+#define FASTRANK_UNROLL
+#else
+#define FASTRANK_UNROLL _Pragma("unroll")
+#endif
 
 #if defined(FASTRANK_SIMT)
 template <typename... P>
