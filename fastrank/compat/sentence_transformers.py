@@ -198,7 +198,7 @@ class _RankingLoss(nn.Module):
         if not isinstance(in_batch, bool):
             raise TypeError(f"in_batch must be True or False, got {in_batch!r}")
         self.in_batch = in_batch
-        if teacher is not None and not callable(getattr(teacher, "encode", None)):
+        if teacher is not None and (isinstance(teacher, (str, bytes)) or not callable(getattr(teacher, "encode", None))):
             raise TypeError(f"teacher must be a CaptionEncoder, a SentenceTransformer or an object with "
                             f"encode(texts), got {type(teacher).__name__}")
         # a plain attribute, not a submodule: the teacher is frozen and not part of the loss's state
