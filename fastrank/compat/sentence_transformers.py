@@ -138,6 +138,9 @@ def _modality(feature: Dict[str, Any]) -> str:
 
 
 def _batch_size(feature: Dict[str, Any]) -> int:
+    cu = feature.get("cu_seq_lens_q")                 # flattened inputs (DataCollatorWithFlattening)
+    if isinstance(cu, Tensor) and cu.dim() == 1:
+        return int(cu.shape[0]) - 1
     for key in ("input_ids", "attention_mask", "pixel_values"):
         v = feature.get(key)
         if isinstance(v, Tensor) and v.dim() > 0:
