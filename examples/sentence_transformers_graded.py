@@ -118,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=float, default=20.0, help="in-batch negatives' logit scale (both runs)")
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--losses", default="mnrl,listwise", help="which runs: mnrl, listwise or both (comma-separated)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     if args.docs < 2:
@@ -132,13 +133,18 @@ def main(argv=None) -> int:
                          np.random.default_rng(args.seed))
     base = SentenceTransformer(str(get_model_path()), device="cpu", local_files_only=True)
     results = {"before": evaluate(base, demo["test"], args.n_test)}
-    for name in ("mnrl", "listwise"):
+    losses = [x.strip() for x in args.losses.split(",") if x.strip()]
+    if not losses or any(x not in ("mnrl", "listwise") for x in losses):
+        ap.error(f"--losses takes mnrl and/or listwise, got {args.losses!r}")
+    for name in losses:
         run = train(rows, name, args)
         results[name] = {**evaluate(run["model"], demo["test"], args.n_test), "train_seconds": round(run["seconds"], 1)}
     results["settings"] = {k: v for k, v in vars(args).items() if k != "json"}
 
     print(f"{'':10s} {'NDCG':>7s} {'NDCG@10':>8s} {'R@1':>6s}")
     for name, label in (("before", "before"), ("mnrl", "MNRL"), ("listwise", "+ listwise")):
+        if name not in results:
+            continue
         r = results[name]
         print(f"{label:10s} {r['ndcg']:7.4f} {r['ndcg@10']:8.4f} {r['r1']:6.1f}")
     if args.json:

@@ -403,3 +403,32 @@ def test_import_is_lazy_and_old_versions_get_a_clear_error():
                 "import fastrank.compat.sentence_transformers")
     assert r.returncode != 0 and "ImportError: fastrank.compat.sentence_transformers needs sentence-transformers " \
                                  ">= 3.0" in r.stderr and "found 2.2.2" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------ the example's data
+def test_example_rows_follow_the_attribute_relevance():
+    """examples/sentence_transformers_graded.py: doc_1 is another caption of the query's scene
+    (score 1), doc_c a caption of a near scene scored by the attributes they share."""
+    import importlib.util
+    import numpy as np
+    from fastrank.data import make_demo
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                        "sentence_transformers_graded.py")
+    spec = importlib.util.spec_from_file_location("st_graded_example", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    split = make_demo(n_train=60, n_test=5)["train"]
+    rows = ex.training_rows(split, 12, 3, 5, np.random.default_rng(0))
+    assert sorted(rows) == ["doc1", "doc2", "doc3", "query", "scores"]
+    scene_of = {}
+    for k, cap in enumerate(split.captions):
+        scene_of.setdefault(cap, set()).add(k // 5)
+    rel = ex.attribute_relevance(split.attributes, split.attributes)
+    for r in range(12):
+        s = rows["scores"][r]
+        assert s[0] == 1.0 and len(s) == 3
+        q = scene_of[rows["query"][r]]
+        assert q & scene_of[rows["doc1"][r]]
+        for c in (2, 3):
+            assert any(abs(float(rel[i, j]) - s[c - 1]) < 1e-6 and i != j
+                       for i in q for j in scene_of[rows[f"doc{c}"][r]])
