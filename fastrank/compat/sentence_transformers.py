@@ -8,11 +8,13 @@ The ranking itself is computed by fastrank's functional losses on the batch's si
 matrix:
 
 - :class:`SmoothNDCGLoss` -> :func:`fastrank.smooth_ndcg_loss` (docs/spec.md §2.1;
-  smooth-NDCG, Li et al., listwise image-text ranking, Eq. 16-21);
+  smooth-NDCG of Li et al., "Integrating Listwise Ranking into Pairwise-based Image-Text
+  Retrieval", Eq. 16-21);
 - :class:`SmoothAPLoss` -> :func:`fastrank.smooth_ap_loss` (docs/spec.md §2.8; Smooth-AP,
   Brown et al.);
 - :class:`KendallSWLoss` -> :func:`fastrank.kendall_sw_loss` (docs/spec.md §2.3; the Kendall
-  ranking loss with sliding windows and hard samples, SW-HS);
+  ranking loss with sliding windows and hard samples, SW-HS, of Li et al., "Image-Text
+  Retrieval with Binary and Continuous Label Supervision", Eq. 18-20);
 - :class:`InBatchListwiseLoss`: sentence-transformers' in-batch negatives loss
   (MultipleNegativesRankingLoss, InfoNCE) plus ``listwise_weight`` times one of the three;
 - ``Cached*`` variants of all four, built on sentence-transformers' own ``CachedLossMixin``
@@ -41,7 +43,8 @@ Similarity matrix and relevance (the in-batch convention):
 - ``in_batch=False``: each query is ranked against its own D documents only: sim and
   relevance are (B, D) (``sim[b, c]`` = similarity of query b and its doc c + 1).
 
-Relevance from a frozen teacher (``teacher=``; the RSC module of Li et al., Eq. 8; see
+Relevance from a frozen teacher (``teacher=``; the relevance score calculation, RSC, of the
+smooth-NDCG paper, Eq. 8; see
 :mod:`fastrank.relevance`): ``r = (1 + cos(g(a_b), g(d))) / 2`` with g the teacher's
 sentence embedding, a_b the text of query b and d the text of the document. When the
 query column holds images, the image is represented by its paired caption (row b's doc_1,
