@@ -10,6 +10,11 @@ computed by fastrank (SPEC.md 2.1a, 2.10: each follows its peer's conventions).
   :func:`fastrank.recall_at_k_loss`.
 
 See docs/porting.md for the before/after lines of each trainer.
+
+``fastrank.compat.sentence_transformers`` (imported only on request: it loads
+sentence-transformers) holds losses for ``SentenceTransformerTrainer``: smooth-NDCG,
+Smooth-AP, Kendall SW-HS and in-batch negatives + listwise, with GradCache variants
+(docs/sentence-transformers.md).
 """
 from .allrank import approxNDCGLoss
 from .open_clip import ClipLoss
