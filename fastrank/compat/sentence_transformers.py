@@ -520,7 +520,7 @@ def _cached(base):
         def __init__(self, *args, **kwargs):
             raise ImportError(f"{name} needs sentence-transformers >= 5.7 (CachedLossMixin, its GradCache "
                               f"engine), found {_st.__version__}: pip install -U 'sentence-transformers>=5.7'")
-        return type(name, (base,), {"__init__": __init__, "__doc__": f"Needs sentence-transformers >= 5.7."})
+        return type(name, (base,), {"__init__": __init__, "__doc__": "Needs sentence-transformers >= 5.7."})
 
     class Cached(CachedLossMixin, base):
         def __init__(self, model, *args, mini_batch_size: int = 32, mini_batch_num_tokens: Optional[int] = None,
