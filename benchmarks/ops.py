@@ -182,12 +182,12 @@ def kendall_sw_est_bytes(impl, mode, size, itemsize):
 
 
 SMOOTH_NDCG = native_loss(
-    "smooth_ndcg", "smooth_ndcg_loss", "smooth-NDCG (SPEC 2.1), tau=0.01: O(N^3) pairs, one exp each",
+    "smooth_ndcg", "smooth_ndcg_loss", "smooth-NDCG (docs/spec.md §2.1), tau=0.01: O(N^3) pairs, one exp each",
     smooth_ndcg_floor, chunked=True, tau=0.01,
     notes="direction=both, reduction=mean, tau=0.01; floor: N*M*(M-1)/2 exps per direction per pass")
 
 KENDALL = native_loss(
-    "kendall", "kendall_loss", "Kendall, full O(N^3) form (SPEC 2.2), alpha=0.1",
+    "kendall", "kendall_loss", "Kendall, full O(N^3) form (docs/spec.md §2.2), alpha=0.1",
     kendall_floor, chunked=True,
     sizes={"cpu": square(64, 128, 256, 512, 1024, 2048), "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192),
            "quick": square(16, 128)},
@@ -195,7 +195,7 @@ KENDALL = native_loss(
           "(or 4 fp32) per direction")
 
 KENDALL_SW = native_loss(
-    "kendall_sw", "kendall_sw_loss", "Kendall with sliding-window hard mining (SPEC 2.3): 18 windows, O(N^2)",
+    "kendall_sw", "kendall_sw_loss", "Kendall with sliding-window hard mining (docs/spec.md §2.3): 18 windows, O(N^2)",
     kendall_sw_floor, chunked=True, pair_elements=lambda c: SW_WINDOWS * c,
     sizes={"cpu": square(64, 128, 256, 512, 1024, 2048, 4096),
            "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192, 16384), "quick": square(16, 128)},
@@ -233,17 +233,17 @@ def smooth_rank_class_floor(mode, size, itemsize):
 
 
 SMOOTH_AP = native_loss(
-    "smooth_ap", "smooth_ap_loss", "Smooth-AP (SPEC 2.8), tau=0.01, positives = the diagonal",
+    "smooth_ap", "smooth_ap_loss", "Smooth-AP (docs/spec.md §2.8), tau=0.01, positives = the diagonal",
     smooth_rank_floor, inputs=sim_inputs, tau=0.01,
     notes="direction=both, reduction=mean, tau=0.01, one positive per query")
 
 SMOOTH_AP_CLASSES = native_loss(
-    "smooth_ap_classes", "smooth_ap_loss", f"Smooth-AP (SPEC 2.8), tau=0.01, {PER_CLASS} positives a query (classes)",
+    "smooth_ap_classes", "smooth_ap_loss", f"Smooth-AP (docs/spec.md §2.8), tau=0.01, {PER_CLASS} positives a query (classes)",
     smooth_rank_class_floor, inputs=class_inputs, tau=0.01, percall_sizes=(), percall_quick_sizes=(),
     notes=f"direction=both, reduction=mean, tau=0.01, classes of {PER_CLASS} consecutive items")
 
 RECALL_AT_K = native_loss(
-    "recall_at_k", "recall_at_k_loss", "Recall@k surrogate (SPEC 2.9), ks=(1, 2, 4, 8, 16), positives = the diagonal",
+    "recall_at_k", "recall_at_k_loss", "Recall@k surrogate (docs/spec.md §2.9), ks=(1, 2, 4, 8, 16), positives = the diagonal",
     smooth_rank_floor, inputs=sim_inputs,
     notes="direction=both, reduction=mean, default ks, tau and tau_k, one positive per query")
 
@@ -262,7 +262,7 @@ def _row_norm(s):   # t2i: each row normalised over the captions
 
 
 def chunked_rerank(sim):
-    """The SPEC formula in blocks of columns (i2t) and rows (t2i), each under checkpoint."""
+    """The contract's formula (docs/spec.md) in blocks of columns (i2t) and rows (t2i), each under checkpoint."""
     n, m = sim.shape
     cb = max(1, baselines.BLOCK_ELEMENTS // n)
     rb = max(1, baselines.BLOCK_ELEMENTS // m)
@@ -296,7 +296,7 @@ def _rerank(impl):
 
 FAST_RERANK = Op(
     name="fast_rerank",
-    about="LogSumExp re-ranking of sim (SPEC 3), N x 5N: memory-bound",
+    about="LogSumExp re-ranking of sim (docs/spec.md §3), N x 5N: memory-bound",
     impls={"native": _rerank("native"), "reference": _rerank("reference"),
            "compiled": lambda: baselines.compiled(fastrank.fast_rerank, gamma=GAMMA, lam=LAM),
            "chunked": lambda: chunked_rerank},
@@ -368,7 +368,7 @@ def _topk_sizes(*ns):
 
 FAST_RERANK_TOPK = Op(
     name="fast_rerank_topk",
-    about="top-k re-ranking from embeddings in blocks (SPEC 3), N x 5N, d=64, k=10, forward",
+    about="top-k re-ranking from embeddings in blocks (docs/spec.md §3), N x 5N, d=64, k=10, forward",
     impls={"native": _topk("native"), "reference": _topk("reference"), "dense": lambda: dense_topk},
     inputs=topk_inputs,
     sizes={"cpu": _topk_sizes(1000, 5000, 10000), "cuda": _topk_sizes(5000, 20000, 50000),
@@ -416,9 +416,9 @@ OPS: Dict[str, Op] = {op.name: op for op in (
     SMOOTH_AP,
     SMOOTH_AP_CLASSES,
     RECALL_AT_K,
-    pytorch_loss("triplet_hardest", "VSE++ triplet, hardest negative (SPEC 2.4)", _triplet("hardest")),
-    pytorch_loss("triplet_soft", "triplet, LogSumExp-softened negatives (SPEC 2.4)", _triplet("soft")),
-    pytorch_loss("triplet_all", "triplet over all negatives (SPEC 2.4)", _triplet("all")),
-    pytorch_loss("ladder", "ladder loss, hard rungs (SPEC 2.5)", lambda sim, relevance: fastrank.ladder_loss(sim, relevance)),
-    pytorch_loss("topk", "top-k negatives triplet (SPEC 2.6)", lambda sim, relevance: fastrank.topk_loss(sim)),
+    pytorch_loss("triplet_hardest", "VSE++ triplet, hardest negative (docs/spec.md §2.4)", _triplet("hardest")),
+    pytorch_loss("triplet_soft", "triplet, LogSumExp-softened negatives (docs/spec.md §2.4)", _triplet("soft")),
+    pytorch_loss("triplet_all", "triplet over all negatives (docs/spec.md §2.4)", _triplet("all")),
+    pytorch_loss("ladder", "ladder loss, hard rungs (docs/spec.md §2.5)", lambda sim, relevance: fastrank.ladder_loss(sim, relevance)),
+    pytorch_loss("topk", "top-k negatives triplet (docs/spec.md §2.6)", lambda sim, relevance: fastrank.topk_loss(sim)),
 )}

@@ -1,7 +1,7 @@
 """fastrank: ranking losses for image-text retrieval with fused C++/CUDA kernels.
 
 Functional losses live at the top level (``fastrank.smooth_ndcg_loss``), their
-``nn.Module`` forms in ``fastrank.nn``. See SPEC.md for the contract.
+``nn.Module`` forms in ``fastrank.nn``. See docs/spec.md for the contract.
 """
 from ._version import __version__
 from ._native import backends

@@ -1,4 +1,4 @@
-"""Directions and reductions shared by every loss (SPEC.md section 1).
+"""Directions and reductions shared by every loss (docs/spec.md §1).
 
 A loss is computed as per-query losses for each requested direction: i2t on the rows
 of ``sim``, t2i on its columns (``sim.T`` and ``relevance.T``). ``reduce`` turns them
@@ -44,7 +44,7 @@ def per_direction(direction: str, reduction: str,
 def reduce_counted(per_query: List[torch.Tensor], counted: List[torch.Tensor], reduction: str) -> torch.Tensor:
     """``reduce`` where "mean" averages each direction over the queries that count only
     (``counted``: one bool vector per direction, e.g. the queries with at least one
-    positive in their list, SPEC.md 2.8), 0 when none does; the others still appear in
+    positive in their list, docs/spec.md §2.8), 0 when none does; the others still appear in
     "none" (with their loss, 0) and add their loss (0) to "sum"."""
     if reduction != "mean":
         return reduce(per_query, reduction)

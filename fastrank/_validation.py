@@ -1,4 +1,4 @@
-"""Input validation shared by every public function (SPEC.md section 1).
+"""Input validation shared by every public function (docs/spec.md §1).
 
 Validation happens here, once, in Python: a kernel never sees an unchecked shape,
 device, dtype or stride. Every error names the argument and what was expected.
@@ -8,7 +8,7 @@ shapes, dtypes, devices, then the hyper-parameters), then the values, in one pas
 tensor (:func:`check_data`). So a relevance on the wrong device gets "relevance is on X but
 sim is on Y", never an error from inside a value check, and a value check never runs on a
 tensor whose structure is wrong. The value checks (NaN/inf, and the relevance range of
-SPEC.md 1) follow :func:`check_finite_enabled`: on CPU by default, on CUDA only when
+docs/spec.md §1) follow :func:`check_finite_enabled`: on CPU by default, on CUDA only when
 switched on (the default CUDA path never synchronises the stream).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ _check_finite_override: Optional[bool] = None
 
 
 def set_check_finite(enabled: Optional[bool]) -> None:
-    """The Python switch for the value checks of SPEC.md section 1 (the equivalent of
+    """The Python switch for the value checks of docs/spec.md §1 (the equivalent of
     ``FASTRANK_CHECK_FINITE``): True raises on NaN/inf on every device, False never
     checks, None (the default) restores the environment variable's or the built-in rule."""
     global _check_finite_override
@@ -45,7 +45,7 @@ def set_check_finite(enabled: Optional[bool]) -> None:
 
 
 def check_finite_enabled(device: Optional[torch.device] = None) -> bool:
-    """Whether to read the data to check for NaN/inf (SPEC.md section 1).
+    """Whether to read the data to check for NaN/inf (docs/spec.md §1).
 
     A value check reads the data: on CUDA that synchronises the stream with the host and
     breaks CUDA-graph capture, and torch.compile cannot trace it. So it is skipped under
@@ -117,7 +117,7 @@ def _fmt(v: float) -> str:
 def check_relevance_values(relevance: torch.Tensor, *, minimum: Optional[float] = None,
                            label_range: Optional[Tuple[float, float]] = None, loss: str = "",
                            name: str = "relevance") -> torch.Tensor:
-    """NaN/inf, and the relevance range of SPEC.md 1, from one pass over the data (the
+    """NaN/inf, and the relevance range of docs/spec.md §1, from one pass over the data (the
     caller has decided that the value check is on: :func:`check_data`).
 
     ``minimum``: the smallest allowed value (0 for losses whose gains 2^r - 1 need r >= 0);
@@ -145,7 +145,7 @@ def check_data(sim: torch.Tensor, relevance: Optional[torch.Tensor] = None, *,
                label_range: Optional[Tuple[float, float]] = None, loss: str = "",
                sim_name: str = "sim", relevance_name: str = "relevance") -> None:
     """The value checks of a loss call, after every structure and hyper-parameter check:
-    NaN/inf in ``sim``; NaN/inf and the range (``relevance_min`` / ``label_range``, SPEC.md
+    NaN/inf in ``sim``; NaN/inf and the range (``relevance_min`` / ``label_range``, docs/spec.md
     1) of ``relevance``. One pass per tensor, and none at all where the check is off (CUDA
     by default, torch.compile, ``FASTRANK_CHECK_FINITE=0``): no host sync there."""
     if not check_finite_enabled(sim.device):
@@ -184,7 +184,7 @@ def check_relevance(relevance, sim: torch.Tensor, *, values: bool = True) -> tor
 
 
 def check_mask(mask, sim: torch.Tensor) -> Optional[torch.Tensor]:
-    """Optional bool (N, M) list-membership mask of SPEC.md 2.1a (True = in the list).
+    """Optional bool (N, M) list-membership mask of docs/spec.md §2.1a (True = in the list).
     Metadata only: no value is read, so this never synchronises a CUDA stream."""
     if mask is None:
         return None
@@ -244,7 +244,7 @@ def check_impl(impl) -> str:
 
 
 # ------------------------------------------------------------------ hyper-parameters
-# Hyper-parameters accept any real number (SPEC.md 1): a Python int or float, a numpy
+# Hyper-parameters accept any real number (docs/spec.md §1): a Python int or float, a numpy
 # scalar (or 0-d array), a 0-d tensor; each is taken as a Python number (a 0-d CUDA tensor
 # is read once, which synchronises: pass a number on a hot path). Rejected only when out
 # of range, or not a real number (bool, str, complex, a tensor with more than one element,

@@ -40,7 +40,7 @@ Without an initialised process group (or with world size 1) everything reduces t
 single-process loss.
 
 The loss may be any fastrank loss on a 2-D ``sim`` that takes ``direction`` and
-``reduction`` (all of section 2 of SPEC.md except the DVSE losses): a functional
+``reduction`` (all of section 2 of docs/spec.md except the DVSE losses): a functional
 (``fastrank.triplet_loss``) with its keyword arguments, or a module of ``fastrank.nn``
 (``fastrank.nn.SmoothNDCGLoss(tau=0.05)``), whose direction and reduction are used.
 Every rank must hold the same number of images (and of captions): the gather needs
@@ -168,7 +168,7 @@ class LocalLoss(torch.nn.Module):
             raise ValueError(f"txt_local is on {txt_local.device} but img_local is on {img_local.device}")
         if self.needs_relevance and relevance is None:
             raise ValueError("LocalLoss: this loss needs relevance (global (N, M) or a (rows, cols) pair)")
-        # values after the structure, before the collectives (SPEC.md 1: CPU by default)
+        # values after the structure, before the collectives (docs/spec.md §1: CPU by default)
         V.check_finite(img_local, "img_local")
         V.check_finite(txt_local, "txt_local")
         rank = dist.get_rank(self.group) if is_distributed(self.group) else 0

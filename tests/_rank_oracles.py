@@ -1,8 +1,8 @@
-"""Slow, obvious loop oracles of the smooth-rank losses with positives (SPEC.md 2.8, 2.9),
+"""Slow, obvious loop oracles of the smooth-rank losses with positives (docs/spec.md §2.8, 2.9),
 shared by tests/test_smooth_ap.py, tests/test_recall_at_k.py and tests/test_memory.py.
 
 Every query is a ragged Python list of floats (its row or column with the masked entries
-deleted, SPEC.md 2.1a) and a list of bools (its positives); every sum is a Python loop.
+deleted, docs/spec.md §2.1a) and a list of bools (its positives); every sum is a Python loop.
 """
 import math
 
@@ -23,7 +23,7 @@ def smooth_rank(s, j, members, tau):
 
 
 def smooth_ap_query(s, pos, tau):
-    """SPEC.md 2.8 for one list: 1 - mean over the positives of R_pos / R_all; None when the
+    """docs/spec.md §2.8 for one list: 1 - mean over the positives of R_pos / R_all; None when the
     list has no positive."""
     every = list(range(len(s)))
     positives = [j for j in every if pos[j]]
@@ -36,7 +36,7 @@ def smooth_ap_query(s, pos, tau):
 
 
 def recall_at_k_query(s, pos, tau, ks, tau_k):
-    """SPEC.md 2.9 for one list: 1 - mean over ks of min(k, sum_P sigma((k - r_j) / tau_k))
+    """docs/spec.md §2.9 for one list: 1 - mean over ks of min(k, sum_P sigma((k - r_j) / tau_k))
     / min(k, |P|); None when the list has no positive."""
     every = list(range(len(s)))
     positives = [j for j in every if pos[j]]

@@ -509,7 +509,7 @@ def test_clip_loss_errors_name_the_callers_arguments(listwise):
     # structure before values: a malformed relevance is reported even with NaN features
     assert message(nan_img, txt, scale, relevance=rel[:, :7]).startswith("relevance must have shape")
     assert message(nan_img, txt, torch.ones(2), relevance=rel).startswith("logit_scale must be a number")
-    if listwise == "smooth_ndcg":   # SPEC 1: negative relevance (raw cosine) is bad input
+    if listwise == "smooth_ndcg":   # docs/spec.md §1: negative relevance (raw cosine) is bad input
         assert message(img, txt, scale, relevance=rel * 2 - 1).startswith("relevance must be >= 0")
     # the listwise term alone (a public method) checks the same way
     with pytest.raises(ValueError, match="^image_features contains NaN"):

@@ -1,4 +1,4 @@
-"""fastrank.compat adapters of the smooth-rank family (SPEC.md 2.10):
+"""fastrank.compat adapters of the smooth-rank family (docs/spec.md §2.10):
 
 - ``SmoothAPLoss``: pytorch-metric-learning's call (embeddings, labels), checked against
   PML's own ``SmoothAPLoss`` when the package is installed (the ``test`` extra has it),
@@ -50,7 +50,7 @@ def grad_of(fn, emb, *args):
 # ====================================================================== SmoothAPLoss (PML)
 def smooth_ap_batch_oracle(emb, labels, tau):
     """Loops: each embedding a query against the whole batch by cosine similarity, its
-    positives the items with its label, itself included (SPEC.md 2.10); mean over the batch."""
+    positives the items with its label, itself included (docs/spec.md §2.10); mean over the batch."""
     e = F.normalize(emb.double(), dim=1)
     sim, lab = (e @ e.t()).tolist(), labels.tolist()
     losses = [smooth_ap_query(sim[q], [lab[j] == lab[q] for j in range(len(lab))], tau) for q in range(len(lab))]
@@ -242,7 +242,7 @@ def test_recall_at_k_authors_float32_and_unnormalised():
 
 
 def recall_batch_oracle(preds, labels, anneal, ks, tau_k):
-    """Loops, SPEC.md 2.10 as read above: each query's list is the whole batch (itself
+    """Loops, docs/spec.md §2.10 as read above: each query's list is the whole batch (itself
     included), its positives the other items of its label; the sum over queries / B."""
     sim, lab = (preds.double() @ preds.double().t()).tolist(), labels.tolist()
     b = len(lab)

@@ -1,4 +1,4 @@
-"""fast_rerank (SPEC.md 3; paper 004, Eq. 13-15): oracle, native vs reference, gradients,
+"""fast_rerank (docs/spec.md §3; DVSE, Eq. 13-15): oracle, native vs reference, gradients,
 compile/opcheck, bad input, determinism, CUDA."""
 import math
 
@@ -383,7 +383,7 @@ def _assert_propagates(sim, where, t=False):
 @pytest.mark.parametrize("n,m,where", [(1, 1, (0, 0)), (3, 5, (2, 3)), (601, 1501, (600, 1500)),
                                        (601, 1501, (17, 1100))])
 def test_non_finite_propagates_with_check_off(monkeypatch, bad, n, m, where):
-    # SPEC.md 1: FASTRANK_CHECK_FINITE=0 turns the CPU check off; the kernels must then
+    # docs/spec.md §1: FASTRANK_CHECK_FINITE=0 turns the CPU check off; the kernels must then
     # carry NaN/inf into the scores and the gradient (the path CUDA takes by default)
     monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
     sim = _bad_sim(n, m, where, bad)
@@ -502,7 +502,7 @@ def test_cuda_low_precision_error_bound(dtype):
         assert err_native <= 2 * err_low + 1e-12, (err_native, err_low)
 
 
-# ---- (8) CUDA: one cheap call, memory (two outputs + O(N + M)), SPEC.md 1 -----------------------
+# ---- (8) CUDA: one cheap call, memory (two outputs + O(N + M)), docs/spec.md §1 -----------------------
 def _fwd_bwd(x, g1, g2):
     """One native forward + backward with preallocated upstream gradients (no other op)."""
     i2t, t2i = fastrank.fast_rerank(x, impl="native")

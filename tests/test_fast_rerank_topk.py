@@ -1,4 +1,4 @@
-"""fast_rerank_topk (SPEC.md 3): blocked top-k of the fast re-ranking scores from embeddings,
+"""fast_rerank_topk (docs/spec.md §3): blocked top-k of the fast re-ranking scores from embeddings,
 against fast_rerank on the full matrix + torch.topk, and against a loop oracle."""
 import math
 
@@ -198,7 +198,7 @@ def test_cuda_matches_cpu():
 
 @needs_cuda
 def test_cuda_default_path_has_no_host_sync(monkeypatch):
-    """SPEC.md 1 on CUDA: no finiteness check by default, so no device-to-host copy (the
+    """docs/spec.md §1 on CUDA: no finiteness check by default, so no device-to-host copy (the
     O(N + M) statistics are not read), and a NaN embedding comes back as NaN scores."""
     monkeypatch.delenv("FASTRANK_CHECK_FINITE", raising=False)
     img, txt = _emb(300, 32, 19).cuda(), _emb(700, 32, 20).cuda()

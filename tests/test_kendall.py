@@ -1,4 +1,4 @@
-"""kendall_loss (SPEC.md 2.2; paper 001, Eq. 17): oracle, reference, native CPU/CUDA."""
+"""kendall_loss (docs/spec.md §2.2; BCLS, Eq. 17): oracle, reference, native CPU/CUDA."""
 import itertools
 
 import pytest
@@ -14,7 +14,7 @@ DIRECTIONS = ("i2t", "t2i", "both")
 REDUCTIONS = ("mean", "sum", "none")
 
 
-# ---- oracle: plain Python loops in float64, written from SPEC.md 2.2 -------------------
+# ---- oracle: plain Python loops in float64, written from docs/spec.md §2.2 -------------------
 def oracle_query(s, r, alpha):
     """(loss, d loss / d s) of one query from lists of floats."""
     n = len(s)
@@ -292,7 +292,7 @@ def test_structure_before_values():
 
 
 def test_relevance_has_no_range():
-    """SPEC 1 names no range for kendall_loss: labels in [-1, 1] (the paper's) are fine,
+    """docs/spec.md §1 names no range for kendall_loss: labels in [-1, 1] (the paper's) are fine,
     and shifting every label changes nothing (only differences count)."""
     sim, rel = rand_case(4, 5, 13)
     torch.testing.assert_close(fastrank.kendall_loss(sim, rel * 2 - 1, alpha=0.2),
@@ -366,7 +366,7 @@ def test_cuda_low_precision_error(dt):
     assert err(g_k, exact_g) <= 2 * err(s.grad, exact_g) + 1e-6
 
 
-# ---- (8) masks: lists of different lengths (SPEC.md 2.1a) --------------------------------
+# ---- (8) masks: lists of different lengths (docs/spec.md §2.1a) --------------------------------
 def rand_mask(n, m, seed, p=0.35):
     return torch.rand(n, m, generator=torch.Generator().manual_seed(seed)) > p
 
@@ -513,7 +513,7 @@ def test_bad_masks():
         f(sim, rel, mask=torch.ones(4, dtype=torch.bool))
 
 
-# ---- (9) non-finite inputs (SPEC.md 1) ------------------------------------------------------
+# ---- (9) non-finite inputs (docs/spec.md §1) ------------------------------------------------------
 @pytest.mark.parametrize("where", ["sim", "relevance"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -1,4 +1,4 @@
-"""kendall_sw_loss (SPEC.md 2.3; paper 001, Eq. 18-20, SW-HS): oracle, reference, native."""
+"""kendall_sw_loss (docs/spec.md §2.3; BCLS, Eq. 18-20, SW-HS): oracle, reference, native."""
 import itertools
 
 import pytest
@@ -28,7 +28,7 @@ DIRECTIONS = ("i2t", "t2i", "both")
 REDUCTIONS = ("mean", "sum", "none")
 
 
-# ---- oracle: plain Python loops in float64, written from SPEC.md 2.3 -------------------
+# ---- oracle: plain Python loops in float64, written from docs/spec.md §2.3 -------------------
 def oracle_query(s, r, alpha, beta, label_range):
     """(loss, d loss / d s, [(j*, k*) per window, -1 for empty]) of one query."""
     lo, hi = label_range
@@ -360,7 +360,7 @@ def test_bad_device_mix():
 
 @pytest.mark.parametrize("impl", ["auto", "reference"])
 def test_relevance_outside_label_range(impl, monkeypatch):
-    """SPEC 1: values outside label_range are bad input, from the finite check's pass and
+    """docs/spec.md §1: values outside label_range are bad input, from the finite check's pass and
     under its switch."""
     sim, rel = rand_case(4, 5, 20)
     f = fastrank.kendall_sw_loss
@@ -475,7 +475,7 @@ def test_cuda_low_precision_error(dt):
     assert err(g_k, exact_g) <= 2 * err(s.grad, exact_g) + 1e-6
 
 
-# ---- (8) non-finite inputs (SPEC.md 1) and the fused call -----------------------------------
+# ---- (8) non-finite inputs (docs/spec.md §1) and the fused call -----------------------------------
 @pytest.mark.parametrize("where", ["sim", "relevance"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -1,7 +1,7 @@
-"""Vectorised PyTorch losses (SPEC.md 2.4-2.7) and CombinedLoss.
+"""Vectorised PyTorch losses (docs/spec.md §2.4-2.7) and CombinedLoss.
 
 Every loss is compared, values and gradients, with a slow loop over queries and
-positives written straight from the SPEC (float64, autograd through Python scalars).
+positives written straight from docs/spec.md (float64, autograd through Python scalars).
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def ref_topk(sim, pos, k=5, margin=0.2, direction="both", reduction="mean"):
 
 
 def ref_variance_weighted(sub_sim, pos, margin=0.2, reduction="mean"):
-    """Paper 004 Eq. 5-11, the mixed distribution of Eq. 7 = every candidate but the target."""
+    """DVSE Eq. 5-11, the mixed distribution of Eq. 7 = every candidate but the target."""
     K = sub_sim.shape[0]
     parts = []
     for d in ("i2t", "t2i"):
@@ -550,7 +550,7 @@ def test_orthogonal_bad_input():
         fnn.OrthogonalLoss(beta=float("nan"))
 
 
-# ----------------------------------------------------------------------------- SPEC 1 for every loss
+# ----------------------------------------------------------------------------- docs/spec.md §1 for every loss
 # Hyper-parameters: any real number (Python, numpy scalar, 0-d tensor); rejected only when
 # out of range or not a number, with the argument and the type named. Structure before
 # values. Relevance range (ladder: r >= 0).
@@ -639,7 +639,7 @@ def test_structure_is_checked_before_values():
 
 def test_ladder_rejects_negative_relevance(monkeypatch):
     """Raw cosine in [-1, 1] instead of (1 + cos) / 2 would put every 'somewhat relevant'
-    negative into the lowest level: bad input (SPEC 1), checked where NaN is."""
+    negative into the lowest level: bad input (docs/spec.md §1), checked where NaN is."""
     sim = rand_sim(4, 4, 67, grad=False)
     cos = torch.rand(4, 4, dtype=D64, generator=torch.Generator().manual_seed(3)) * 2 - 1
     with pytest.raises(ValueError, match=r"relevance must be >= 0 for ladder_loss.*minimum of -"):

@@ -418,7 +418,7 @@ def test_evaluate_keys_and_values():
 
 
 def spec3_rerank(sim, gamma=(25.0, 25.0), lam=(20.0, 20.0), impl="auto"):
-    """Stand-in for fastrank.fast_rerank from the SPEC 3 formula."""
+    """Stand-in for fastrank.fast_rerank from the docs/spec.md §3 formula."""
     i2t = gamma[1] * sim - torch.logsumexp(gamma[0] * sim, dim=0, keepdim=True)
     t2i = lam[1] * sim - torch.logsumexp(lam[0] * sim, dim=1, keepdim=True)
     return i2t, t2i
@@ -447,7 +447,7 @@ def test_evaluate_rerank_uses_i2t_and_t2i_scores(monkeypatch):
 
 
 def test_evaluate_rerank_with_the_real_fast_rerank():
-    # The metrics of the real op's scores. (Against the SPEC formula, scores of an image
+    # The metrics of the real op's scores. (Against the formula of docs/spec.md, scores of an image
     # that dominates a column are ~0 and agree only to ~1e-14, which can reorder them and
     # move a ranking metric: the op itself is checked against the formula, to rounding,
     # in tests/test_fast_rerank.py.)

@@ -242,7 +242,7 @@ def test_gpo_gradients():
     assert torch.autograd.gradcheck(lambda t: gpo(t, mask)[0], (x,))
 
 
-# ---------------------------------------------------------------- sub-embeddings (paper 004)
+# ---------------------------------------------------------------- sub-embeddings (DVSE)
 
 def test_sub_embed_dynamic_mask_eq3():
     enc = image_encoder("sub_embed", num_embeds=6)

@@ -1,4 +1,4 @@
-"""recall_at_k_loss (SPEC.md 2.9): loop oracle, gradients, masks, ties, no positive, N = 1,
+"""recall_at_k_loss (docs/spec.md §2.9): loop oracle, gradients, masks, ties, no positive, N = 1,
 reductions, ks / tau_k forms, dtypes, bad input, and native vs reference (switched on
 with the kernel)."""
 import functools
@@ -163,7 +163,7 @@ def test_gradcheck_reference(tau):
         assert torch.autograd.gradcheck(f, (sim,), eps=1e-6 * tau, atol=1e-6, rtol=1e-4)
 
 
-# ---------------------------------------------------------------- masks (SPEC 2.1a)
+# ---------------------------------------------------------------- masks (docs/spec.md §2.1a)
 MASK_SHAPES = [(1, 1), (1, 6), (5, 1), (3, 5), (6, 4), (9, 9), (17, 11)]
 
 

@@ -1,4 +1,4 @@
-"""fastrank.relevance: RSC relevance (paper 000 Eq. 7-8), batch helper, encoder cache, real model."""
+"""fastrank.relevance: RSC relevance (Listwise ITR Eq. 7-8), batch helper, encoder cache, real model."""
 import math
 import os
 import subprocess

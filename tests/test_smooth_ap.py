@@ -1,4 +1,4 @@
-"""smooth_ap_loss (SPEC.md 2.8): loop oracle, gradients, masks, ties, no positive, N = 1,
+"""smooth_ap_loss (docs/spec.md §2.8): loop oracle, gradients, masks, ties, no positive, N = 1,
 reductions, dtypes, bad input, and native vs reference (switched on with the kernel)."""
 import functools
 
@@ -148,7 +148,7 @@ def test_gradient_only_through_list_items_and_positive_ranks():
     assert sim.grad[0, 1].item() > 0 and sim.grad[0, 2].item() < 0
 
 
-# ---------------------------------------------------------------- masks (SPEC 2.1a)
+# ---------------------------------------------------------------- masks (docs/spec.md §2.1a)
 MASK_SHAPES = [(1, 1), (1, 6), (5, 1), (3, 5), (6, 4), (9, 9), (17, 11)]
 
 

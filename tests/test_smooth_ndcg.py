@@ -18,7 +18,7 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
 
 # ---------------------------------------------------------------- slow loop oracle
 def oracle_query(s, r, tau):
-    """SPEC 2.1 for one query, with Python floats and loops."""
+    """docs/spec.md §2.1 for one query, with Python floats and loops."""
     n = len(s)
     sig = lambda x: 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
     pi = [1.0 + sum(sig((s[k] - s[j]) / tau) for k in range(n) if k != j) for j in range(n)]
@@ -265,7 +265,7 @@ def test_device_mismatch():
         fastrank.smooth_ndcg_loss(torch.rand(2, 2, device="cuda"), torch.rand(2, 2))
 
 
-# SPEC 1: structure first (types, shapes, devices, hyper-parameters), then the values in one
+# docs/spec.md §1: structure first (types, shapes, devices, hyper-parameters), then the values in one
 # pass per tensor; relevance must be >= 0; hyper-parameters are any real number.
 BOTH_IMPLS = ["reference"] + (["native"] if NATIVE_CPU else [])
 
@@ -288,7 +288,7 @@ def test_structure_is_checked_before_values(impl):
 @pytest.mark.parametrize("impl", BOTH_IMPLS)
 def test_negative_relevance_is_rejected(impl):
     """Raw cosine similarity in [-1, 1] instead of (1 + cos) / 2: gains 2^r - 1 < 0 would give
-    losses above 1 and 0 for an all-negative row; it is bad input (SPEC 1)."""
+    losses above 1 and 0 for an all-negative row; it is bad input (docs/spec.md §1)."""
     sim, rel = rand_case(4, 5, seed=50)
     cos = rel * 2 - 1                                    # in [-1, 1], some negative
     assert float(cos.min()) < 0
@@ -420,13 +420,13 @@ def test_cpu_low_precision_error_bound(dtype):
     assert (y.grad.double() - ref64[1]).abs().max().item() <= 2 * ref_err
 
 
-# ---------------------------------------------------------------- masks (SPEC 2.1a: lists of different lengths)
+# ---------------------------------------------------------------- masks (docs/spec.md §2.1a: lists of different lengths)
 def rand_mask(n, m, seed, p=0.7):
     return torch.rand(n, m, generator=torch.Generator().manual_seed(seed)) < p
 
 
 def oracle_masked(sim, rel, mask, tau, direction="both", reduction="mean"):
-    """SPEC 2.1a by deleting the masked entries: each list is a ragged Python list."""
+    """docs/spec.md §2.1a by deleting the masked entries: each list is a ragged Python list."""
     S, R, K = sim.tolist(), rel.tolist(), mask.tolist()
     parts = []
     if direction in ("i2t", "both"):
@@ -634,7 +634,7 @@ def test_torch_compile_fullgraph_mask_and_none():
     torch.testing.assert_close(s1.grad, s2.grad)
 
 
-# ---------------------------------------------------------------- non-finite input (SPEC 1)
+# ---------------------------------------------------------------- non-finite input (docs/spec.md §1)
 @needs_native
 @pytest.mark.parametrize("where", ["sim", "relevance"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -709,7 +709,7 @@ def test_cuda_nonfinite_propagates_by_default(bad):
 @needs_cuda
 @pytest.mark.cuda
 def test_cuda_relevance_range_only_with_the_check_on(monkeypatch):
-    """SPEC 1: the range check is the finite check's pass. On CUDA it is off by default (no
+    """docs/spec.md §1: the range check is the finite check's pass. On CUDA it is off by default (no
     host sync: the call copies nothing to the host) and raises once switched on."""
     sim, rel = _cuda_case(6, 5)
     cos = rel * 2 - 1

@@ -1,5 +1,5 @@
 """fastrank/_validation.py: the hyper-parameter helpers every public function shares
-(SPEC.md 1: any real number, rejected only when out of range or not a number, with the
+(docs/spec.md §1: any real number, rejected only when out of range or not a number, with the
 argument and the type named) and the one-pass value checks."""
 import fractions
 import math

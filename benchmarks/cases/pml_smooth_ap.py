@@ -1,5 +1,5 @@
 """pml_smooth_ap: fastrank's Smooth-AP against pytorch-metric-learning's SmoothAPLoss, on
-embeddings as PML takes them (SPEC 2.8 and 2.10).
+embeddings as PML takes them (docs/spec.md §2.8 and 2.10).
 
     python -m benchmarks pml_smooth_ap              # B = 128 .. 4096 embeddings, d = 128, 4 per class
 

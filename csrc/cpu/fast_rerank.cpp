@@ -1,4 +1,4 @@
-// Fast re-ranking on the CPU (SPEC.md 3; paper 004, Eq. 13-15). Formulas: fast_rerank.h.
+// Fast re-ranking on the CPU (docs/spec.md §3; DVSE, Eq. 13-15). Formulas: fast_rerank.h.
 //
 // Tiling. The matrix is cut into a fixed grid of R x C bands (R = min(ceil(n / 512), 8)
 // row bands, C = min(ceil(m / 1024), 8) column bands; the grid depends on (n, m) only,
@@ -19,7 +19,7 @@
 // Memory: outputs + O(n + m) workspace + O(kSub * kCB) per thread. Outputs get a
 // transparent-huge-page hint before their first write (common.h: advise_huge_pages):
 // page faults on fresh 500 MB outputs otherwise cost more than the arithmetic.
-// Non-finite input (SPEC.md 1): a row holding NaN or +-inf gets a NaN row_lse, a NaN in a
+// Non-finite input (docs/spec.md §1): a row holding NaN or +-inf gets a NaN row_lse, a NaN in a
 // column makes its col_lse NaN (max_nan), and overflow of g1 * s or l1 * s gives a
 // non-finite statistic; the forward returns whether every statistic is finite, which is
 // the caller's finiteness check of sim without reading sim again. With the check off,

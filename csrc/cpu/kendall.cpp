@@ -1,10 +1,10 @@
-// Fused Kendall ranking loss on the CPU (SPEC.md 2.2, 2.1a; paper 001, Eq. 17).
+// Fused Kendall ranking loss on the CPU (docs/spec.md §2.2, 2.1a; BCLS, Eq. 17).
 //
 // One call: every requested direction (i2t over the rows, t2i over the columns through
 // the swapped strides) and the reduction. Per query:
 //  1. gather: the query's valid entries (all, or those with mask = 1) are copied
 //     contiguous: s, r and the column index (masked entries take part in no pair);
-//     poison = sum of poison(s) + poison(r) (NaN iff some value read is NaN/inf: SPEC 1). A
+//     poison = sum of poison(s) + poison(r) (NaN iff some value read is NaN/inf: docs/spec.md §1). A
 //     poisoned query skips the pair pass: its loss and gradient entries are NaN.
 //  2. sort the entries by relevance, descending (stable LSD radix sort on order-preserving
 //     integer keys, branch-free: ~3 us at 512 entries, against ~10 us for std::sort;

@@ -1,4 +1,4 @@
-// Kendall SW-HS loss on the CPU (SPEC.md 2.3; paper 001, Eq. 18-20).
+// Kendall SW-HS loss on the CPU (docs/spec.md §2.3; BCLS, Eq. 18-20).
 //
 // One call: every requested direction (t2i through the swapped strides) and the
 // reduction (cpu::reduce_queries, shared with kendall). The window edges are computed

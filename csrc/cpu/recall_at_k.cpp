@@ -1,4 +1,4 @@
-// The Recall@k surrogate on the CPU (SPEC.md 2.9): the smooth-rank engine's subset pass
+// The Recall@k surrogate on the CPU (docs/spec.md §2.9): the smooth-rank engine's subset pass
 // (smooth_rank.h) with the positives as rows, each ranked among the whole list, and this
 // head: per k, the smooth count h_k = sum_j sigma((k - r_j) / tk) of the positives in the top
 // k, R@k = min(k, h_k) / min(k, |P|), and each rank's coefficient

@@ -1,4 +1,4 @@
-// Smooth-AP on the CPU (SPEC.md 2.8): the smooth-rank engine's subset pass (smooth_rank.h)
+// Smooth-AP on the CPU (docs/spec.md §2.8): the smooth-rank engine's subset pass (smooth_rank.h)
 // with the positives as rows, each ranked among the whole list (R_all) and among the
 // positives (R_pos), and this head: AP from the two ranks, and their coefficients
 //   u_j = d loss / d R_all(j) = R_pos(j) / (|P| R_all(j)^2)

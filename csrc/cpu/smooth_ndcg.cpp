@@ -1,4 +1,4 @@
-// Fused smooth-NDCG on the CPU (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
+// Fused smooth-NDCG on the CPU (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
 //
 // One call computes every requested direction and the reduction: the forward is one pass
 // over the pairs of each query (smooth ranks), then O(C log C) per query for the DCG and

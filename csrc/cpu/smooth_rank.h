@@ -1,5 +1,5 @@
 // The smooth-rank engine on the CPU: what smooth-NDCG, Smooth-AP and the Recall@k
-// surrogate share (SPEC.md 2.1, 2.8, 2.9). Each of them is a *head* over the same pieces:
+// surrogate share (docs/spec.md §2.1, 2.8, 2.9). Each of them is a *head* over the same pieces:
 //
 //   1. a pair pass that gives every *row* item j of a query's list its smooth rank
 //        R(j) = 1 + sum_{k in list, k != j} sigma((s_k - s_j) / tau)

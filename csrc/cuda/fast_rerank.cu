@@ -1,4 +1,4 @@
-// Fast re-ranking on CUDA (SPEC.md 3; paper 004, Eq. 13-15). Formulas: fast_rerank.h.
+// Fast re-ranking on CUDA (docs/spec.md §3; DVSE, Eq. 13-15). Formulas: fast_rerank.h.
 //
 // Launches: forward = 3 (tile statistics, merge, scores), backward = 3 (tile sums, merge,
 // gradient), the same at every size; nothing else runs on the device (no host sync, no
@@ -19,7 +19,7 @@
 // elementwise sweep each (thread per column, rows strided over grid.y). The backward's
 // column sums of G1 and row sums of G2 reuse the grid (sums_tile_kernel,
 // sums_merge_kernel).
-// NaN propagation (SPEC.md 1, no host check by default): non-finite input is staged as
+// NaN propagation (docs/spec.md §1, no host check by default): non-finite input is staged as
 // NaN, every max reduction uses max_nan (fmax would drop a NaN), so its row and column
 // statistics come out NaN; the scores of that row/column and the gradient follow, and
 // every gradient element adds poison(sim) (NaN for sim = +-inf, NaN even where the

@@ -1,4 +1,4 @@
-// Fused Kendall ranking loss on CUDA (SPEC.md 2.2, 2.1a; paper 001, Eq. 17).
+// Fused Kendall ranking loss on CUDA (docs/spec.md §2.2, 2.1a; BCLS, Eq. 17).
 //
 // Launches: forward = 1 kernel (+ 1 one-block reduction for mean/sum), backward = 1
 // elementwise kernel, for every N and direction. No host sync, no host-device copy.
@@ -12,7 +12,7 @@
 //   g_j    = #{k : r_k > r_j + a, s_j > s_k} - #{k : r_j > r_k + a, s_k > s_j}   (an integer)
 // Every ordered pair is looked at from both ends (each end computes only its own terms;
 // the CPU's unordered-pair trick would need a scatter to the other end). Masked entries
-// (SPEC 2.1a) are loaded as r = -inf, r + a = +inf (they are in no active pair) and own
+// (docs/spec.md §2.1a) are loaded as r = -inf, r + a = +inf (they are in no active pair) and own
 // no j. g_j goes to the query's row (i2t) or column (t2i) of its dsim slab; fixed-tree
 // block sums give the loss, the pair count, the valid-item count and the poison
 // (sum of 0 * s + 0 * r: NaN iff a value read is NaN/inf), then each thread rescales its

@@ -1,4 +1,4 @@
-// Kendall SW-HS loss on CUDA (SPEC.md 2.3; paper 001, Eq. 18-20).
+// Kendall SW-HS loss on CUDA (docs/spec.md §2.3; BCLS, Eq. 18-20).
 //
 // Launches: forward = 1 kernel (+ 1 one-block reduction for mean/sum), backward = 1
 // kernel, for every N and direction; no host sync, no host-device copy: the window edges

@@ -1,4 +1,4 @@
-// The Recall@k surrogate on CUDA (SPEC.md 2.9): the smooth-rank engine's positive-row
+// The Recall@k surrogate on CUDA (docs/spec.md §2.9): the smooth-rank engine's positive-row
 // kernels (smooth_rank.cuh: tiling, memory plan, launches) with this head: per k the smooth
 // count h_k = sum_j sigma((k - r_j) / tk) of the positives in the top k, R@k =
 // min(k, h_k) / min(k, |P|), and each rank's coefficient

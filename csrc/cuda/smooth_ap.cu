@@ -1,4 +1,4 @@
-// Smooth-AP on CUDA (SPEC.md 2.8): the smooth-rank engine's positive-row kernels
+// Smooth-AP on CUDA (docs/spec.md §2.8): the smooth-rank engine's positive-row kernels
 // (smooth_rank.cuh: tiling, memory plan, launches) with this head: AP from each positive's
 // rank among the list (A) and among the positives (B), and their coefficients
 //   u_j = d loss / d A_j = B_j / (|P| A_j^2),   v_j = d loss / d B_j = -1 / (|P| A_j).

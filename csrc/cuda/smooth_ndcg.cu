@@ -1,4 +1,4 @@
-// Fused smooth-NDCG on CUDA (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
+// Fused smooth-NDCG on CUDA (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
 //
 // One call = 2 launches forward + 1 backward, for every N and direction, no host sync:
 //   forward_tiles  grid = ceil(n / 16) * ceil(m / 16) blocks of 16 x 16 threads on a flat

@@ -22,7 +22,7 @@
 //     one thread of one block: no atomics; bit-identical run to run.
 // Memory: G (n, m) per direction (saved for the backward), four (n, m) partials per
 // direction during the forward, ~7 KiB of shared memory. Pair work O(|P| * C) per query.
-// NaN propagation (SPEC.md 1): poison(s) of every valid item is added to the query's loss
+// NaN propagation (docs/spec.md §1): poison(s) of every valid item is added to the query's loss
 // and to the item's own gradient entry; masked values are never read.
 #pragma once
 

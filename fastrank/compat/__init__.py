@@ -1,5 +1,5 @@
 """Drop-in adapters: the loss signatures that existing training code already calls,
-computed by fastrank (SPEC.md 2.1a, 2.10: each follows its peer's conventions).
+computed by fastrank (docs/spec.md §2.1a, 2.10: each follows its peer's conventions).
 
 - :func:`approxNDCGLoss` (allRank, slates with padding) on the smooth-NDCG kernel;
 - :class:`ContrastiveLoss` (VSE++ / VSE-infinity) on :func:`fastrank.triplet_loss`;

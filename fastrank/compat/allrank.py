@@ -12,8 +12,8 @@ for each slate with valid items V:
     NDCG     = sum_{j in V} (g_j / maxDCG) / log2(1 + pos_j)
 
 and the loss is ``-mean(NDCG)`` over every slate of the batch (a slate with no positive
-gain, or no valid item, counts 0). This is fastrank's smooth-NDCG (SPEC.md 2.1) with
-tau = 1 / alpha on each slate as a list of its own (SPEC.md 2.1a, ``mask=``): NDCG =
+gain, or no valid item, counts 0). This is fastrank's smooth-NDCG (docs/spec.md §2.1) with
+tau = 1 / alpha on each slate as a list of its own (docs/spec.md §2.1a, ``mask=``): NDCG =
 1 - loss where the slate's ideal DCG > 0, else 0. The adapter keeps allRank's
 conventions (mean over all slates, the sign), so it is a drop-in replacement.
 """
@@ -80,7 +80,7 @@ def approxNDCGLoss(y_pred: Tensor, y_true: Tensor, eps: float = DEFAULT_EPS,
     and a slate with ideal DCG 0 as 0, like allRank. allRank computes the ideal DCG's
     discounts log2(1 + p) in float32 even for float64 inputs (a relative difference of
     ~1e-9 from fastrank's float64 result). Half-precision inputs are computed in float32
-    (SPEC.md section 1).
+    (docs/spec.md §1).
     """
     _check_slates(y_pred, y_true)
     eps = V.check_positive(eps, "eps")
@@ -94,7 +94,7 @@ def approxNDCGLoss(y_pred: Tensor, y_true: Tensor, eps: float = DEFAULT_EPS,
     sim = torch.where(valid, y_pred, zero)                         # padded scores never read
     labels = y_true.detach().to(acc).clamp(min=0.0)
     relevance = torch.where(valid, labels, torch.zeros((), dtype=acc, device=labels.device))
-    # values last, under the caller's names (SPEC.md 1: CPU by default): the non-padded items
+    # values last, under the caller's names (docs/spec.md §1: CPU by default): the non-padded items
     if V.check_finite_enabled(sim.device):
         if not V.all_finite(sim):
             raise ValueError("y_pred contains NaN or infinite values (in a non-padded item)")

@@ -10,10 +10,10 @@ CLIP with the symmetric InfoNCE loss of a batch of N image-text pairs:
 text_features, logit_scale, logit_bias=None, output_dict=False)``, which is how
 open_clip's training loop calls it: ``loss(**model_out, output_dict=True)``) and returns
 the same value. On top of it, ``listwise_weight > 0`` adds a graded ranking term of
-fastrank (smooth-NDCG, paper 000, or Kendall, paper 001) on the similarity matrix
+fastrank (smooth-NDCG, Listwise ITR, or Kendall, BCLS) on the similarity matrix
 ``image_features @ text_features.T``, with the (N, N) relevance of the batch either
 passed in (``relevance=``) or computed from the batch's captions (``captions=``) with a
-:class:`fastrank.relevance.CaptionEncoder` (RSC, paper 000 Eq. 8).
+:class:`fastrank.relevance.CaptionEncoder` (RSC, Listwise ITR Eq. 8).
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class ClipLoss(torch.nn.Module):
 
     # ------------------------------------------------------------------ fastrank's part
     def batch_relevance(self, captions: Sequence[str], device, dtype) -> Tensor:
-        """(N, N) RSC relevance of a batch's captions (paper 000 Eq. 8), on ``device``."""
+        """(N, N) RSC relevance of a batch's captions (Listwise ITR Eq. 8), on ``device``."""
         from ..relevance import CaptionEncoder, relevance_matrix
 
         if self.caption_encoder is None:
@@ -200,7 +200,7 @@ class ClipLoss(torch.nn.Module):
 
     @staticmethod
     def _check_values(image_features: Tensor, text_features: Tensor, logit_scale=None) -> None:
-        """NaN/inf where the value check is on (SPEC.md 1: CPU by default, CUDA only when
+        """NaN/inf where the value check is on (docs/spec.md §1: CPU by default, CUDA only when
         switched on); relevance's values (NaN/inf, range) are checked by the listwise loss,
         under its own name."""
         if not V.check_finite_enabled(image_features.device):

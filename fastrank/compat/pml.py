@@ -5,7 +5,7 @@ calls ``SmoothAPLoss(temperature=0.01)(embeddings, labels)``: each of the B embe
 is a query against the whole batch, scored by cosine similarity (the embeddings are
 L2-normalised), its positives being the items with its label. As in the Smooth-AP
 authors' code, the query is one of its own candidates and one of its own positives
-(SPEC.md 2.10): with s = cosine similarities of the query's row (s_q = 1, the top),
+(docs/spec.md §2.10): with s = cosine similarities of the query's row (s_q = 1, the top),
 
     R_all(j) = 1 + sum_{k in batch, k != j} sigma((s_k - s_j) / T)
     R_pos(j) = 1 + sum_{k of the label, k != j} sigma((s_k - s_j) / T)

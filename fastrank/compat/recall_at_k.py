@@ -14,7 +14,7 @@ embedding q with every embedding of the batch and P the other items of q's class
   / min(k, |P|), with k capped at the batch size;
 - the query's loss is (1 - mean over k of R@k) / B, so the sum over the batch is the mean.
 
-That is SPEC.md 2.9 with each query's list = the whole batch (the query included) and
+That is docs/spec.md §2.9 with each query's list = the whole batch (the query included) and
 positives = its class minus itself: ``recall_at_k_loss`` on sim = emb @ emb.T, the i2t
 direction, summed and divided by B.
 

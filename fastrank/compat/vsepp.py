@@ -10,7 +10,7 @@ embeddings (pair i = image i, caption i). With scores S = im @ s.T it returns
 
 and with ``max_violation=True`` (the VSE++ objective) only the largest hinge of each row
 and column. That is ``fastrank.triplet_loss(S, margin, mining="all" | "hardest",
-reduction="sum")`` (SPEC.md 2.4, the diagonal as positives, both directions summed).
+reduction="sum")`` (docs/spec.md §2.4, the diagonal as positives, both directions summed).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class ContrastiveLoss(torch.nn.Module):
             as VSE-infinity's warm-up does.
 
     VSE-infinity's ``ContrastiveLoss(opt, margin, max_violation)`` takes a leading
-    ``opt``: drop it. Half-precision inputs are computed in float32 (SPEC.md section 1).
+    ``opt``: drop it. Half-precision inputs are computed in float32 (docs/spec.md §1).
     """
 
     def __init__(self, margin: float = 0, measure=False, max_violation: bool = False):
@@ -75,7 +75,7 @@ class ContrastiveLoss(torch.nn.Module):
         if im.shape != s.shape:
             raise ValueError(f"im and s must be (N, D) embeddings of N image-caption pairs with the same "
                              f"shape, got im {tuple(im.shape)} and s {tuple(s.shape)}")
-        V.check_finite(im, "im")   # values last, named as the caller's (SPEC.md 1: CPU by default)
+        V.check_finite(im, "im")   # values last, named as the caller's (docs/spec.md §1: CPU by default)
         V.check_finite(s, "s")
         if self.measure == "order":
             return order_sim(im, s)

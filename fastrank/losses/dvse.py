@@ -1,4 +1,4 @@
-"""DVSE losses (SPEC.md 2.7; paper 004, Eq. 3-11).
+"""DVSE losses (docs/spec.md §2.7; DVSE, Eq. 3-11).
 
 DVSE encodes each image as K sub-embeddings v^1..v^K (and each caption as one embedding).
 
@@ -79,7 +79,7 @@ def variance_weighted_per_query(s: Tensor, pos: Tensor, margin: float) -> Tensor
 
 def variance_weighted_loss(sub_sim: Tensor, margin: float = 0.2, positives: Optional[Tensor] = None,
                            reduction: str = "mean") -> Tensor:
-    """DVSE variance-aware weighting loss (SPEC.md 2.7; paper 004, Eq. 5-11), both directions.
+    """DVSE variance-aware weighting loss (docs/spec.md §2.7; DVSE, Eq. 5-11), both directions.
 
     Args:
         sub_sim: (K, N, M): sub_sim[k, i, j] = similarity of sub-embedding k of image i to
@@ -116,7 +116,7 @@ def variance_weighted_loss(sub_sim: Tensor, margin: float = 0.2, positives: Opti
 
 def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float = 0.4,
                     reduction: str = "mean") -> Tensor:
-    """DVSE dynamic orthogonal constraint loss (SPEC.md 2.7; paper 004, Eq. 3-4).
+    """DVSE dynamic orthogonal constraint loss (docs/spec.md §2.7; DVSE, Eq. 3-4).
 
     Args:
         sub_emb: (N, K, D): the K sub-embeddings of each of N images (used as given; the
@@ -142,7 +142,7 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
             raise ValueError(f"mask is on {mask.device} but sub_emb is on {sub_emb.device}")
     beta = V.check_nonnegative(beta, "beta")
     V.check_reduction(reduction)
-    # values last (SPEC.md 1: where the value check is on, CPU by default)
+    # values last (docs/spec.md §1: where the value check is on, CPU by default)
     V.check_finite(sub_emb, "sub_emb")
     if mask is not None and V.check_finite_enabled(mask.device) and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must contain only 0 and 1")

@@ -1,4 +1,4 @@
-"""ladder_loss: the ladder loss with hard contrastive sampling (SPEC.md 2.5, paper 002 Eq. 5-8).
+"""ladder_loss: the ladder loss with hard contrastive sampling (docs/spec.md §2.5, Ladder Loss Eq. 5-8).
 
 The negatives of a query are split by relevance into L levels with thresholds
 theta_1 > theta_2 > ... > theta_{L-1}:
@@ -13,7 +13,7 @@ Eq. 6: loss(q) = sum_l beta_l * rung_l(q), where
 - rung l = 2..L (Eq. 7-8) pushes the closer set C = Lev_{l-1} above the farther set
   F = Lev_l U ... U Lev_L by alpha_l:
   hard (Eq. 8): [alpha_l - min_C s + max_F s]+ ; not hard (Eq. 7): sum_{c in C, f in F}
-  [alpha_l - s_c + s_f]+. An empty C or F adds 0 (SPEC.md 6: paper 002's code can add a
+  [alpha_l - s_c + s_f]+. An empty C or F adds 0 (docs/spec.md §6: the Ladder Loss code can add a
   spurious term there).
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ def ladder_loss(sim: Tensor, relevance: Tensor, thresholds: Sequence[float] = (0
                 margins: Sequence[float] = (0.2, 0.01), weights: Sequence[float] = (1.0, 0.25),
                 hard: bool = True, positives: Optional[Tensor] = None, direction: str = "both",
                 reduction: str = "mean") -> Tensor:
-    """Ladder loss (SPEC.md 2.5; paper 002, Eq. 5-8).
+    """Ladder loss (docs/spec.md §2.5; Ladder Loss, Eq. 5-8).
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
@@ -94,7 +94,7 @@ def ladder_loss(sim: Tensor, relevance: Tensor, thresholds: Sequence[float] = (0
 
     A rung whose C or F is empty adds 0; rung 1 is 0 for a query with no positive or no
     negative. NaN/inf in sim or relevance, or a negative relevance, raise ValueError where
-    the value check is on (SPEC.md 1: CPU by default), after every structure check.
+    the value check is on (docs/spec.md §1: CPU by default), after every structure check.
     """
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)

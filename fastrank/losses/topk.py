@@ -1,6 +1,6 @@
-"""topk_loss: the convex top-k ranking loss (SPEC.md 2.6, paper 003 Eq. 10).
+"""topk_loss: the convex top-k ranking loss (docs/spec.md §2.6, Deep Top-k Eq. 10).
 
-Paper 003 relaxes "the positive ranks first" to "the positive ranks in the top k"
+Deep Top-k relaxes "the positive ranks first" to "the positive ranks in the top k"
 (Eq. 8: [Delta + s_[k] over the negatives - s_p]+) and optimises the convex upper bound
 of Eq. 10, which replaces the k-th largest negative score by the mean of the k largest:
 
@@ -40,7 +40,7 @@ def topk_per_query(s: Tensor, pos: Tensor, k: int, margin: float) -> Tensor:
 
 def topk_loss(sim: Tensor, k: int = 5, margin: float = 0.2, positives: Optional[Tensor] = None,
               direction: str = "both", reduction: str = "mean") -> Tensor:
-    """Convex top-k ranking loss (SPEC.md 2.6; paper 003, Eq. 10).
+    """Convex top-k ranking loss (docs/spec.md §2.6; Deep Top-k, Eq. 10).
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.

@@ -1,6 +1,6 @@
-"""triplet_loss: hinge triplet loss with hardest / soft / all negatives (SPEC.md 2.4).
+"""triplet_loss: hinge triplet loss with hardest / soft / all negatives (docs/spec.md §2.4).
 
-Paper 000 Eq. 2-3 (VSE++ hardest negative), paper 001 Eq. 1, 12 (sum over negatives)
+Listwise ITR Eq. 2-3 (VSE++ hardest negative), BCLS Eq. 1, 12 (sum over negatives)
 and Eq. 14-15 (Triplet-SN: the hardest negative softened by a LogSumExp).
 
 Per query (row i of ``sim`` for i2t, column for t2i), with P its positives and Neg the
@@ -94,15 +94,15 @@ def triplet_per_query(s: Tensor, pos: Tensor, margin: float, mining: str, gamma:
     neg = ~pos
     n_pos = pos.sum(dim=1)
     if mining == "all":
-        # paper 001 Eq. 1: sum_{k in Neg} [margin + s_k - s_p]+, for every p at once
+        # BCLS Eq. 1: sum_{k in Neg} [margin + s_k - s_p]+, for every p at once
         h = pair_hinge_sums(s, neg, margin)
         has_neg = neg.any(dim=1)
     else:
         if mining == "hardest":
-            # paper 000 Eq. 2-3: the hardest negative max_{k in Neg} s_k
+            # Listwise ITR Eq. 2-3: the hardest negative max_{k in Neg} s_k
             t, has_neg = masked_max(s, neg)
         else:
-            # paper 001 Eq. 14-15: (1/gamma) log sum_{k in Neg} exp(gamma s_k)
+            # BCLS Eq. 14-15: (1/gamma) log sum_{k in Neg} exp(gamma s_k)
             lse, has_neg = masked_logsumexp(gamma * s, neg)
             t = lse / gamma
         h = torch.relu(margin + t.unsqueeze(1) - s)
@@ -125,7 +125,7 @@ def all_negatives_diagonal(s: Tensor, margin: float) -> Tensor:
 def triplet_loss(sim: Tensor, margin: float = 0.2, mining: str = "hardest", gamma: float = 50.0,
                  positives: Optional[Tensor] = None, direction: str = "both",
                  reduction: str = "mean") -> Tensor:
-    """Hinge triplet loss (SPEC.md 2.4; paper 000 Eq. 2-3, paper 001 Eq. 1, 14-15).
+    """Hinge triplet loss (docs/spec.md §2.4; Listwise ITR Eq. 2-3, BCLS Eq. 1, 14-15).
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.

@@ -1,4 +1,4 @@
-"""Retrieval metrics (SPEC.md 5), computed in blocks of queries on the tensor's device.
+"""Retrieval metrics (docs/spec.md §5), computed in blocks of queries on the tensor's device.
 
 ``sim`` is (n_images, n_captions): rows are image queries (i2t), columns caption queries
 (t2i). Binary ground truth comes from ``caption_to_image`` (n_captions,), the image of
@@ -7,7 +7,7 @@ each caption; graded metrics take ``relevance`` of sim's shape.
 - :func:`recall_at_k`: R@K, rsum, median / mean rank (VSE++ protocol);
   :func:`coco_5fold_1k`: the COCO 1K protocol (five folds of 1000 images, averaged);
 - :func:`ndcg` (sklearn ``ndcg_score`` with gains 2^r - 1), :func:`kendall_tau` (tau-b),
-  :func:`coherent_score` (CS@K, paper 002);
+  :func:`coherent_score` (CS@K, Ladder Loss);
 - :func:`map_at_r`, :func:`r_precision` (ECCV-Caption);
 - :func:`evaluate`: all of them in one flat dict, optionally after Fast Re-ranking.
 

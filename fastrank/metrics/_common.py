@@ -73,7 +73,7 @@ def check_values(sim: Tensor, relevance: Optional[Tensor] = None, *,
                  relevance_min: Optional[float] = None, metric: str = "") -> None:
     """The value checks of a metric call, after every structure check: NaN/inf in sim and
     relevance (and relevance >= relevance_min), one pass per tensor, where the value check
-    is on (SPEC.md 1). With the check off, a minimum on relevance is still enforced (one
+    is on (docs/spec.md §1). With the check off, a minimum on relevance is still enforced (one
     comparison pass): a metric's definition needs it."""
     if V.check_finite_enabled(sim.device):
         V.check_data(sim, relevance, relevance_min=relevance_min, loss=metric)

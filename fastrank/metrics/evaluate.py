@@ -1,5 +1,5 @@
-"""One-call evaluation of a similarity matrix (SPEC.md 5): every metric in one flat dict,
-optionally after Fast Re-ranking (SPEC.md 3), and the COCO 5-fold 1K protocol."""
+"""One-call evaluation of a similarity matrix (docs/spec.md §5): every metric in one flat dict,
+optionally after Fast Re-ranking (docs/spec.md §3), and the COCO 5-fold 1K protocol."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -39,7 +39,7 @@ def _rerank_scores(sim: Tensor, rerank) -> Tuple[Tensor, Tensor]:
 
 def evaluate(sim: Tensor, caption_to_image: Tensor, relevance: Optional[Tensor] = None,
              ks=(1, 5, 10), cs_k=(100,), rerank=None) -> MetricResult:
-    """Every retrieval metric of a similarity matrix in one flat dict (SPEC.md 5).
+    """Every retrieval metric of a similarity matrix in one flat dict (docs/spec.md §5).
 
     Args:
         sim: (n_images, n_captions) scores.

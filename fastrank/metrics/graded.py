@@ -1,4 +1,4 @@
-"""Graded-relevance metrics: NDCG, Kendall tau-b and the Coherent Score CS@K (SPEC.md 5).
+"""Graded-relevance metrics: NDCG, Kendall tau-b and the Coherent Score CS@K (docs/spec.md §5).
 
 All three take ``sim`` (N, M) (row i = image i, column j = caption j) and ``relevance`` of
 the same shape, and return ``{"i2t": float, "t2i": float}``: i2t ranks the M captions of
@@ -11,7 +11,7 @@ each image (rows), t2i the N images of each caption (columns of ``sim`` and of
   query whose gains are all 0 scores 0, as in sklearn.
 - ``kendall_tau``: ``scipy.stats.kendalltau`` (tau-b) between a query's scores and its
   relevance over all candidates.
-- ``coherent_score``: CS@K (paper 002): tau-b between the scores and the relevance of the
+- ``coherent_score``: CS@K (Ladder Loss): tau-b between the scores and the relevance of the
   model's own top-K list of each query.
 
 Kendall tau-b is undefined for a query whose scores or relevance are all equal (scipy
@@ -185,7 +185,7 @@ def graded_direction(sim: Tensor, relevance: Tensor, direction: str, *, want_ndc
 
 
 def ndcg(sim: Tensor, relevance: Tensor, k: Optional[int] = None) -> MetricResult:
-    """NDCG@k of each query, averaged per direction (SPEC.md 5).
+    """NDCG@k of each query, averaged per direction (docs/spec.md §5).
 
     Equals ``sklearn.metrics.ndcg_score(2 ** relevance - 1, sim, k=k)`` on the rows (i2t)
     and on the columns (t2i): DCG = sum_j g_j * d(rank_j) with g = 2^r - 1 and
@@ -230,7 +230,7 @@ def kendall_tau(sim: Tensor, relevance: Tensor) -> MetricResult:
 
 
 def coherent_score(sim: Tensor, relevance: Tensor, k: int) -> MetricResult:
-    """Coherent Score CS@K (paper 002): Kendall tau-b between the scores and the relevance
+    """Coherent Score CS@K (Ladder Loss): Kendall tau-b between the scores and the relevance
     of each query's top-K list, averaged per direction.
 
     The top-K list holds the K highest scores of the query (K capped at the number of

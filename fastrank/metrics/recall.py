@@ -1,4 +1,4 @@
-"""Recall@K, median and mean rank: the VSE++ / VSE-infinity evaluation (SPEC.md 5).
+"""Recall@K, median and mean rank: the VSE++ / VSE-infinity evaluation (docs/spec.md §5).
 
 ``sim`` (n_images, n_captions), ``caption_to_image`` (n_captions,) maps each caption to
 its image (COCO / Flickr30K: caption j belongs to image j // 5; any layout works).

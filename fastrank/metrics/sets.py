@@ -1,4 +1,4 @@
-"""mAP@R and R-Precision, the ECCV-Caption metrics (SPEC.md 5).
+"""mAP@R and R-Precision, the ECCV-Caption metrics (docs/spec.md §5).
 
 For a query with R positives (its ground-truth matches) and the candidates ranked by
 score, descending:

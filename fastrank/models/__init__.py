@@ -3,11 +3,11 @@
 Image encoders (``IMAGE_ENCODERS``), input (B, R, D) region features (+ optional lengths (B,)
 or bool mask (B, R)) or (B, D) global features:
 
-- ``fc_max``: fc + max-pool over regions (VSE++ as re-implemented in paper 000) -> (B, E)
+- ``fc_max``: fc + max-pool over regions (VSE++ as re-implemented in Listwise ITR) -> (B, E)
 - ``gpo``: fc + 2-layer MLP residual, then GPO pooling (VSE-infinity) -> (B, E)
-- ``sub_embed``: K sub-embeddings with the dynamic mask of paper 004 (Eq. 3)
+- ``sub_embed``: K sub-embeddings with the dynamic mask of DVSE (Eq. 3)
   -> SubEmbeddings(emb (B, K, E), mask (B, K), residual (B, K, E))
-- ``mlp``: 3-layer MLP on one vector per image (paper 003) -> (B, E)
+- ``mlp``: 3-layer MLP on one vector per image (Deep Top-k) -> (B, E)
 
 Text encoders (``TEXT_ENCODERS``): ``gru`` (bi-GRU, mean or GPO pooling, word ids or strings
 with a :class:`~fastrank.data.Vocab`), ``sbert`` (sentence-transformers + projection),

@@ -21,7 +21,7 @@ from .pooling import GPO, MLP, apply_rows, length_mask, masked_max, masked_mean
 
 
 class SubEmbeddings(NamedTuple):
-    """Output of the ``sub_embed`` encoder (paper 004, Sec. III-B), K sub-embeddings per image.
+    """Output of the ``sub_embed`` encoder (DVSE, Sec. III-B), K sub-embeddings per image.
 
     emb: (B, K, E) candidate embeddings v^k = LN(h_V(z) + v_hat^k).
     mask: (B, K) dynamic mask F_mask of Eq. 3, float in {0, 1} (no gradient).
@@ -76,7 +76,7 @@ def _xavier(fc: nn.Linear) -> nn.Linear:
 
 @register_image_encoder("fc_max")
 class FCMaxEncoder(ImageEncoder):
-    """VSE++ as re-implemented in paper 000 (Sec. IV, VSE++ dagger): every region feature is
+    """VSE++ as re-implemented in Listwise ITR (Sec. IV, VSE++ dagger): every region feature is
     mapped to E dimensions by one fully connected layer, and the set is max-pooled.
 
     forward(images (B, R, D) | (B, D), lengths=None) -> (B, E).
@@ -116,7 +116,7 @@ class GPOEncoder(ImageEncoder):
 
 @register_image_encoder("sub_embed")
 class SubEmbedEncoder(ImageEncoder):
-    """DVSE sub-embeddings (paper 004, Sec. III-B), K per image.
+    """DVSE sub-embeddings (DVSE, Sec. III-B), K per image.
 
     - global part h_V(z): a pooling image encoder (``global_encoder``, default ``"gpo"``) (B, E);
     - K attention heads over the regions (structured multi-head self-attention, as in PVSE):
@@ -171,7 +171,7 @@ class SubEmbedEncoder(ImageEncoder):
 @register_image_encoder("mlp")
 @register_text_encoder("mlp")
 class MLPEncoder(ImageEncoder):
-    """Paper 003's fully connected network for one fixed vector per item (image CNN feature or
+    """Deep Top-k's fully connected network for one fixed vector per item (image CNN feature or
     sentence vector): 3 layers D -> hidden_dims[0] -> hidden_dims[1] -> E, BatchNorm, ReLU and
     dropout after the hidden layers; the output layer is linear.
 

@@ -28,7 +28,7 @@ def length_mask(x: Tensor, lengths=None, name: str = "lengths") -> Tensor:
     if not isinstance(lengths, Tensor):
         lengths = torch.as_tensor(lengths)
     # the value checks read lengths where they are: free for CPU lengths (the usual case),
-    # a host sync for CUDA ones, so there they follow SPEC.md 1 (off by default)
+    # a host sync for CUDA ones, so there they follow docs/spec.md §1 (off by default)
     check = V.check_finite_enabled(lengths.device)
     if lengths.dtype == torch.bool:
         if lengths.shape != (b, n):
@@ -74,7 +74,7 @@ class MLP(nn.Module):
 
     dims: (in_dim, hidden_1, ..., out_dim). Input (N, in_dim) -> (N, out_dim); for (B, L, in_dim)
     with a mask, apply with :func:`apply_rows`. This is VSE-infinity's ``MLP`` (2 layers,
-    hidden = embed_dim // 2) and paper 003's 3-layer fully connected network (dropout 0.3).
+    hidden = embed_dim // 2) and Deep Top-k's 3-layer fully connected network (dropout 0.3).
     """
 
     def __init__(self, dims: Sequence[int], dropout: float = 0.0):

@@ -4,7 +4,7 @@
   of caption strings when the encoder holds its :class:`~fastrank.data.Vocab`.
 - ``sbert``: a sentence-transformers model (default: the bundled all-MiniLM-L6-v2, loaded
   offline), frozen or fine-tuned, then a linear projection; input a list of strings.
-- ``mlp``: paper 003's fully connected network on fixed sentence vectors (B, D)
+- ``mlp``: Deep Top-k's fully connected network on fixed sentence vectors (B, D)
   (:class:`~fastrank.models.image.MLPEncoder`, registered under both registries).
 
 Every text encoder returns un-normalised (B, E) embeddings (``VSE`` L2-normalises them).

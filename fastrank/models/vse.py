@@ -21,7 +21,7 @@ class VSEOutput(NamedTuple):
     txt_emb: (M, E) L2-normalised caption embeddings.
     sub_sim: (K, N, M) per-sub-embedding similarity (``sub_embed`` only, else None); the input
         of ``fastrank.variance_weighted_loss``.
-    img_mask: (N, K) dynamic mask (Eq. 3 of paper 004; ``sub_embed`` only, else None).
+    img_mask: (N, K) dynamic mask (Eq. 3 of DVSE; ``sub_embed`` only, else None).
     residual: (N, K, E) sub-embedding residuals v_hat (``sub_embed`` only, else None); with
         img_mask, the input of ``fastrank.orthogonal_loss(residual, img_mask)``.
     """

@@ -1,4 +1,4 @@
-"""fast_rerank: Python -> one fused forward + one fused backward (SPEC.md 3, paper 004 Eq. 13-15).
+"""fast_rerank: Python -> one fused forward + one fused backward (docs/spec.md §3, DVSE Eq. 13-15).
 
 One call = one forward kernel entry and, under autograd, one backward kernel entry:
 
@@ -17,7 +17,7 @@ path); torch.compile traces the custom ops (fake + autograd registered). Both ca
 ``_forward`` / ``_backward``, so they compute the same thing. Memory: the two outputs, the
 O(N + M) statistics and an O(N + M) workspace; nothing else (N, M)-sized.
 
-Non-finite sim (SPEC.md 1): the kernels propagate NaN/inf into the scores and the
+Non-finite sim (docs/spec.md §1): the kernels propagate NaN/inf into the scores and the
 gradient. The raising check reads only the statistics: on CPU the kernel reports whether
 they are finite (no extra pass, no extra op); on CUDA the check is off by default (no
 host sync, capturable in a CUDA graph) and ``FASTRANK_CHECK_FINITE=1`` turns it on.
@@ -109,7 +109,7 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
 
 
 def check_statistics(*stats: Tensor, ok: Optional[bool] = None, sim_name: str = "sim") -> None:
-    """SPEC.md 1: raise on a non-finite sim where the per-device rule asks for it, from its
+    """docs/spec.md §1: raise on a non-finite sim where the per-device rule asks for it, from its
     O(N + M) log-sum-exp statistics (a NaN or +-inf in sim, or gamma1 * sim, lam1 * sim
     overflowing, makes them non-finite). ok: the CPU kernel's own flag where there is one
     (no extra work); otherwise, and always on CUDA (only with FASTRANK_CHECK_FINITE=1 or
@@ -231,7 +231,7 @@ def _hyper(gamma, lam):
 
 def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
                 impl: str = "auto") -> Tuple[Tensor, Tensor]:
-    """Fast re-ranking of a similarity matrix (SPEC.md 3; paper 004, Eq. 13-15), in log space.
+    """Fast re-ranking of a similarity matrix (docs/spec.md §3; DVSE, Eq. 13-15), in log space.
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
@@ -246,7 +246,7 @@ def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tup
         ranks the images i of caption j. exp() of them are the paper's matrices.
         Differentiable with respect to sim.
 
-    Non-finite sim (SPEC.md 1): ValueError on CPU by default; on CUDA no check by default
+    Non-finite sim (docs/spec.md §1): ValueError on CPU by default; on CUDA no check by default
     (no host sync, CUDA-graph capturable), and NaN/inf come back in the scores and the
     gradient. The native path is one fused forward and one fused backward per call; peak
     memory is the two outputs + O(N + M).

@@ -1,5 +1,5 @@
 """fast_rerank_topk: fast re-ranking of a gallery too large for one (N, M) matrix
-(SPEC.md 3; paper 004, Eq. 13-15), from embeddings, in blocks.
+(docs/spec.md §3; DVSE, Eq. 13-15), from embeddings, in blocks.
 
 The scores are those of :func:`fastrank.fast_rerank` on sim = img_emb @ txt_emb.T:
     i2t[i, j] = gamma2 * sim[i, j] - col_lse[j],  col_lse[j] = logsumexp_l(gamma1 * sim[l, j])
@@ -64,7 +64,7 @@ def _check_embeddings(img_emb, txt_emb) -> None:
 
 
 def _check_embedding_values(img_emb, txt_emb) -> None:
-    """NaN/inf in the embeddings (SPEC.md 1: CPU by default), named as the caller's."""
+    """NaN/inf in the embeddings (docs/spec.md §1: CPU by default), named as the caller's."""
     V.check_finite(img_emb, "img_emb")
     V.check_finite(txt_emb, "txt_emb")
 

@@ -1,4 +1,4 @@
-"""kendall_loss: Python -> one fused op -> kernel (SPEC.md 2.2, 2.1a; paper 001 Eq. 17).
+"""kendall_loss: Python -> one fused op -> kernel (docs/spec.md §2.2, 2.1a; BCLS Eq. 17).
 
 Native path: one forward kernel call (``fastrank::kendall``) computes every requested
 direction (t2i through swapped strides) and the reduction, and, in the same pass over
@@ -117,7 +117,7 @@ def _compiled(sim, relevance, mask, alpha, direction, reduction):
 
 def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: str = "both",
                  reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
-    """Kendall ranking loss (SPEC.md 2.2; paper 001, Eq. 17), the full pairwise form.
+    """Kendall ranking loss (docs/spec.md §2.2; BCLS, Eq. 17), the full pairwise form.
 
     Per query: sum over pairs (j, k) with r_j > r_k + alpha of [s_k - s_j]+, divided by
     max(1, number of such pairs). The subgradient of [x]+ at 0 is 0.
@@ -129,14 +129,14 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
         direction: "i2t", "t2i" or "both" (sum of the two).
         reduction: "mean", "sum" or "none".
         impl: "auto", "native" or "reference".
-        mask: optional bool (N, M), True = the entry is in the list (SPEC.md 2.1a): row
+        mask: optional bool (N, M), True = the entry is in the list (docs/spec.md §2.1a): row
             i's list for i2t, column j's for t2i. A masked entry takes part in no pair and
             gets gradient 0; a list with no valid item has loss 0; "mean" averages over
             the lists with at least one valid item (0 if none). None = every entry.
     Returns:
         a scalar, or (N,) / (M,) / (N + M,) per-query losses for reduction="none";
         in the accumulation dtype (float32, or float64 for float64 sim).
-    NaN or inf in sim or relevance: ValueError on CPU by default (SPEC.md 1); with the
+    NaN or inf in sim or relevance: ValueError on CPU by default (docs/spec.md §1); with the
     check off (CUDA default) the loss and gradient come back non-finite.
     """
     V.check_sim(sim, values=False)

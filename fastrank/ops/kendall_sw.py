@@ -1,4 +1,4 @@
-"""kendall_sw_loss: Python -> one fused op -> kernels (SPEC.md 2.3, paper 001 Eq. 18-20).
+"""kendall_sw_loss: Python -> one fused op -> kernels (docs/spec.md §2.3, BCLS Eq. 18-20).
 
 Native path: one forward kernel call (``fastrank::kendall_sw``) finds, for every query
 of every requested direction (t2i through swapped strides) and every window, the hard
@@ -135,7 +135,7 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
                     label_range=(0.0, 1.0), direction: str = "both", reduction: str = "mean",
                     impl: str = "auto") -> Tensor:
     """Kendall loss with sliding-window sampling and hard-sample mining, SW-HS
-    (SPEC.md 2.3; paper 001, Eq. 18-20).
+    (docs/spec.md §2.3; BCLS, Eq. 18-20).
 
     Windows m = 1..M_w, M_w = round((hi - lo - alpha) / beta), with upper edge
     u_m = hi - (m - 1) * beta and lower edge l_m = u_m - alpha (edges computed in
@@ -157,7 +157,7 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     Returns:
         a scalar, or (N,) / (M,) / (N + M,) per-query losses for reduction="none";
         in the accumulation dtype (float32, or float64 for float64 sim).
-    Bad input (SPEC.md 1): structure and hyper-parameters first, then one pass per tensor
+    Bad input (docs/spec.md §1): structure and hyper-parameters first, then one pass per tensor
     where the value check is on (CPU by default): NaN/inf, or a relevance outside
     label_range, raise ValueError.
     """

@@ -1,6 +1,6 @@
-"""recall_at_k_loss: the Recall@k surrogate (SPEC.md 2.9; Patel, Tolias, Matas, CVPR 2022).
+"""recall_at_k_loss: the Recall@k surrogate (docs/spec.md §2.9; Patel, Tolias, Matas, CVPR 2022).
 
-Built on the same smooth rank as smooth_ndcg and smooth_ap (R_all of SPEC.md 2.8), one
+Built on the same smooth rank as smooth_ndcg and smooth_ap (R_all of docs/spec.md §2.8), one
 engine for the three losses. Native path: one fused forward (every requested direction,
 the reduction and each query's gradient row, O(|P| * M) pair work per query) and smooth_ap's
 elementwise backward (csrc/cpu/recall_at_k.cpp, csrc/cuda/recall_at_k.cu,
@@ -91,7 +91,7 @@ torch.library.register_autograd("fastrank::recall_at_k", _op_backward, setup_con
 def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: Tuple[int, ...],
             tau: float, tau_k: Tuple[float, ...], direction: int, reduction: int) -> Tensor:
     """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (SPEC.md 2.9)."""
+    pair work per i2t query (docs/spec.md §2.9)."""
     kf, tf = [float(k) for k in ks], [float(t) for t in tau_k]
     if torch.compiler.is_compiling():
         return recall_at_k_op(sim, positives, mask, kf, tf, tau, direction, reduction)[0]
@@ -107,7 +107,7 @@ def _reference(sim: Tensor, positives: Tensor, ks: Tuple[int, ...], tau: float, 
     for d in directions(direction):
         pos, m = orient(positives, d), orient(mask, d)
         parts.append(recall_at_k_per_query(orient(s, d), pos, ks, tau, tau_k, m))
-        # SPEC 2.9: "mean" is over the queries with at least one positive in their list
+        # docs/spec.md §2.9: "mean" is over the queries with at least one positive in their list
         counted.append((pos if m is None else pos & m).any(dim=1))
     return reduce_counted(parts, counted, reduction)
 
@@ -117,7 +117,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
                      ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
                      tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
                      reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
-    """Recall@k surrogate loss, 1 - the mean over ks of a smooth recall at k (SPEC.md 2.9;
+    """Recall@k surrogate loss, 1 - the mean over ks of a smooth recall at k (docs/spec.md §2.9;
     Patel, Tolias, Matas, "Recall@k Surrogate Loss with Large Batches and Similarity
     Mixup", CVPR 2022).
 
@@ -138,7 +138,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
             positive in their list, directions summed; 0 if none has), "sum", or "none"
             (per-query losses, the N i2t queries first then the M t2i).
         impl: "auto", "native" or "reference".
-        mask: optional bool (N, M), True = the item is in the list (SPEC.md 2.1a). A
+        mask: optional bool (N, M), True = the item is in the list (docs/spec.md §2.1a). A
             masked entry is in no rank and no positive set and its gradient is exactly 0.
 
     A query with no positive in its list has loss 0 and does not count in "mean".

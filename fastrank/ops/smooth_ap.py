@@ -1,6 +1,6 @@
-"""smooth_ap_loss: Smooth-AP (SPEC.md 2.8; Brown et al., ECCV 2020), binary relevance.
+"""smooth_ap_loss: Smooth-AP (docs/spec.md §2.8; Brown et al., ECCV 2020), binary relevance.
 
-Smooth-AP is built on the smooth rank of smooth-NDCG (SPEC.md 2.1): per query, each
+Smooth-AP is built on the smooth rank of smooth-NDCG (docs/spec.md §2.1): per query, each
 positive's rank among the whole list, R_all, and among the positives, R_pos. One engine
 serves the three smooth-rank losses (smooth_ndcg, smooth_ap, recall_at_k).
 
@@ -58,7 +58,7 @@ torch.library.register_autograd("fastrank::smooth_ap", _op_backward, setup_conte
 def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
             reduction: int) -> Tensor:
     """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (SPEC.md 2.8)."""
+    pair work per i2t query (docs/spec.md §2.8)."""
     if torch.compiler.is_compiling():
         return smooth_ap_op(sim, positives, mask, tau, direction, reduction)[0]
     return SR.Function.apply("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
@@ -73,7 +73,7 @@ def _reference(sim: Tensor, positives: Tensor, tau: float, direction: str, reduc
     for d in directions(direction):
         pos, m = orient(positives, d), orient(mask, d)
         parts.append(smooth_ap_per_query(orient(s, d), pos, tau, m))
-        # SPEC 2.8: "mean" is over the queries with at least one positive in their list
+        # docs/spec.md §2.8: "mean" is over the queries with at least one positive in their list
         counted.append((pos if m is None else pos & m).any(dim=1))
     return reduce_counted(parts, counted, reduction)
 
@@ -81,7 +81,7 @@ def _reference(sim: Tensor, positives: Tensor, tau: float, direction: str, reduc
 # ---------------------------------------------------------------- public API
 def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float = 0.01, direction: str = "both",
                    reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
-    """Smooth-AP loss, 1 - smoothed average precision per query (SPEC.md 2.8; Brown et al.,
+    """Smooth-AP loss, 1 - smoothed average precision per query (docs/spec.md §2.8; Brown et al.,
     "Smooth-AP", ECCV 2020).
 
     Per query (row i for i2t, column j for t2i) with list L and positives P in L:
@@ -97,7 +97,7 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
             positive in their list, directions summed; 0 if none has), "sum", or "none"
             (per-query losses, the N i2t queries first then the M t2i).
         impl: "auto", "native" or "reference".
-        mask: optional bool (N, M), True = the item is in the list (SPEC.md 2.1a): row i's
+        mask: optional bool (N, M), True = the item is in the list (docs/spec.md §2.1a): row i's
             i2t list is {j : mask[i, j]}, column j's t2i list is {i : mask[i, j]}. A masked
             entry is in no rank and no positive set and its gradient is exactly 0.
 

@@ -1,4 +1,4 @@
-"""smooth_ndcg_loss: Python -> one fused op -> kernels (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
+"""smooth_ndcg_loss: Python -> one fused op -> kernels (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
 
 One native call = one forward op ``fastrank::smooth_ndcg`` (every requested direction,
 the IDCG and the reduction inside the kernels; csrc/cpu/smooth_ndcg.cpp,
@@ -141,14 +141,14 @@ def _reference(sim: Tensor, relevance: Tensor, tau: float, direction: str, reduc
              for d in directions(direction)]
     if mask is None or reduction != "mean":
         return reduce(parts, reduction)
-    # SPEC 2.1a: the mean over the lists with at least one valid item (0 if none has)
+    # docs/spec.md §2.1a: the mean over the lists with at least one valid item (0 if none has)
     counts = [orient(mask, d).any(dim=1).sum().clamp(min=1) for d in directions(direction)]
     return sum(p.sum() / c for p, c in zip(parts, counts))
 
 
 def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, direction: str = "both",
                      reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
-    """Smooth-NDCG listwise loss (SPEC.md 2.1, 2.1a; paper 000, Eq. 16-21).
+    """Smooth-NDCG listwise loss (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
@@ -169,7 +169,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     The native path is one fused forward and one fused backward for both directions,
     with no host synchronisation on CUDA.
 
-    Bad input (SPEC.md 1): the structure of every argument is checked first, then the
+    Bad input (docs/spec.md §1): the structure of every argument is checked first, then the
     values in one pass per tensor, where the value check is on (CPU by default, CUDA only
     with ``FASTRANK_CHECK_FINITE=1``): NaN/inf in sim or relevance, or a negative
     relevance (every entry, masked ones included), raise ValueError.

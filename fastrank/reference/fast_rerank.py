@@ -1,14 +1,14 @@
-"""Pure-PyTorch fast re-ranking, as written in paper 004 (Eq. 13-15), in log space.
+"""Pure-PyTorch fast re-ranking, as written in DVSE (Eq. 13-15), in log space.
 
 This is the baseline the benchmarks race and the oracle's partner in the tests.
-Paper 004 normalises the similarity matrix A = sim twice (Eq. 14-15):
+DVSE normalises the similarity matrix A = sim twice (Eq. 14-15):
 
 - i2t (row-wise retrieval, softmax0): each element is divided by the sum over its
   *column* of exp(gamma1 * A): A_i2t[i, j] = exp(gamma2 A[i, j]) / sum_l exp(gamma1 A[l, j]);
 - t2i (column-wise retrieval, softmax1): each element is divided by the sum over its
   *row* of exp(lam1 * A): A_t2i[i, j] = exp(lam2 A[i, j]) / sum_l exp(lam1 A[i, l]).
 
-fastrank returns the logarithms (SPEC.md 3): the ranking is the same, and distinct
+fastrank returns the logarithms (docs/spec.md §3): the ranking is the same, and distinct
 scores never underflow into ties.
 """
 from __future__ import annotations

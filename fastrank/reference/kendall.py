@@ -1,9 +1,9 @@
-"""Pure-PyTorch Kendall ranking loss, as written in paper 001 (Eq. 17; SPEC.md 2.2, 2.1a).
+"""Pure-PyTorch Kendall ranking loss, as written in BCLS (Eq. 17; docs/spec.md §2.2, 2.1a).
 
 This is the baseline the benchmarks race and the oracle's partner in the tests. It
 builds the (Q, C, C) tensors of pairwise relevance comparisons and score differences,
 exactly like the double sum over (j, k) of Eq. 17. Lists of different lengths
-(SPEC.md 2.1a) are a bool mask: a masked entry takes part in no pair.
+(docs/spec.md §2.1a) are a bool mask: a masked entry takes part in no pair.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def kendall_per_query(sim: torch.Tensor, relevance: torch.Tensor, alpha: float,
     # Eq. 17, indicator: active[q, j, k] = 1(r_j > r_k + alpha)
     active = relevance.unsqueeze(2) > (relevance + alpha).unsqueeze(1)
     if mask is not None:
-        # SPEC 2.1a: only pairs of two list members; masked values are never read
+        # docs/spec.md §2.1a: only pairs of two list members; masked values are never read
         active = active & mask.unsqueeze(2) & mask.unsqueeze(1)
         sim = torch.where(mask, sim, torch.zeros_like(sim))
     # Eq. 17, hinge: [s(V_i, T_k) - s(V_i, T_j)]+ at [q, j, k]
@@ -38,7 +38,7 @@ def kendall_per_query(sim: torch.Tensor, relevance: torch.Tensor, alpha: float,
 
 def kendall_reference(sim: torch.Tensor, relevance: torch.Tensor, alpha: float, direction: str = "both",
                       reduction: str = "mean", mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """kendall_loss of SPEC.md 2.2 / 2.1a: per-query losses of each direction (t2i on the
+    """kendall_loss of docs/spec.md §2.2 / 2.1a: per-query losses of each direction (t2i on the
     columns), then the reduction. "mean" averages over the lists with at least one valid
     item (every list when mask is None), 0 when there is none."""
     parts, valid = [], []
@@ -52,5 +52,5 @@ def kendall_reference(sim: torch.Tensor, relevance: torch.Tensor, alpha: float, 
         return sum(p.sum() for p in parts)
     if mask is None:
         return sum(p.mean() for p in parts)
-    # SPEC 2.1a: the mean over the lists with a valid item (an empty list's loss is 0)
+    # docs/spec.md §2.1a: the mean over the lists with a valid item (an empty list's loss is 0)
     return sum(p.sum() / v.sum().clamp(min=1).to(p.dtype) for p, v in zip(parts, valid))

@@ -1,4 +1,4 @@
-"""Pure-PyTorch Kendall SW-HS loss, as written in paper 001 (Eq. 18-20; SPEC.md 2.3).
+"""Pure-PyTorch Kendall SW-HS loss, as written in BCLS (Eq. 18-20; docs/spec.md §2.3).
 
 Sliding windows over the relevance scale, and in each window the hardest pair: the
 positive with the lowest score and the negative with the highest. Vectorised over the

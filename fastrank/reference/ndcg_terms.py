@@ -1,5 +1,5 @@
 """Gains and ideal DCG shared by the smooth-NDCG reference and the NDCG metric
-(paper 000, Eq. 11-13; SPEC.md 2.1, 2.1a)."""
+(Listwise ITR, Eq. 11-13; docs/spec.md §2.1, 2.1a)."""
 from __future__ import annotations
 
 import math
@@ -9,18 +9,18 @@ import torch
 
 
 def gains(relevance: torch.Tensor) -> torch.Tensor:
-    """g = 2^r - 1 (paper 000, Eq. 17 numerator)."""
+    """g = 2^r - 1 (Listwise ITR, Eq. 17 numerator)."""
     return torch.exp2(relevance) - 1.0
 
 
 def discount(position: torch.Tensor) -> torch.Tensor:
-    """1 / log2(1 + position) (paper 000, Eq. 17 denominator)."""
+    """1 / log2(1 + position) (Listwise ITR, Eq. 17 denominator)."""
     return math.log(2.0) / torch.log1p(position)
 
 
 def idcg(relevance: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Ideal DCG of each row: gains sorted descending, discounted by 1-based position
-    (standard IDCG, SPEC.md 2.1; no gradient flows through it). Shape (Q,).
+    (standard IDCG, docs/spec.md §2.1; no gradient flows through it). Shape (Q,).
 
     With a bool ``mask`` (True = in the list) only the row's valid items are ranked: the
     masked ones are sorted last (key -inf; a gain is >= -1) and contribute 0."""

@@ -1,12 +1,12 @@
 """Pure-PyTorch Recall@k surrogate (Patel, Tolias, Matas, "Recall@k Surrogate Loss with
-Large Batches and Similarity Mixup", CVPR 2022), with the list masks of SPEC.md 2.1a.
-The contract is SPEC.md 2.9.
+Large Batches and Similarity Mixup", CVPR 2022), with the list masks of docs/spec.md §2.1a.
+The contract is docs/spec.md §2.9.
 
 For a query with list L (its row of ``sim``; ``mask`` removes items) and positives P in L:
 
 - recall at k:          R@k = #{j in P : r_j <= k} / min(k, |P|), r_j the rank of j in L
 - smooth rank:          r_j = 1 + sum_{k' in L, k' != j} sigma((s_k' - s_j) / tau)
-                        (R_all of Smooth-AP, SPEC.md 2.8; the query itself is never a
+                        (R_all of Smooth-AP, docs/spec.md §2.8; the query itself is never a
                         candidate: it is not in sim)
 - smooth count:         the step 1{r_j <= k} replaced by sigma((k - r_j) / tau_k), the sum
                         clipped at k (no more than k items fit in the top k):

@@ -1,5 +1,5 @@
-"""Pure-PyTorch smooth-NDCG, as written in paper 000 (Eq. 16-21), with the list masks of
-SPEC.md 2.1a.
+"""Pure-PyTorch smooth-NDCG, as written in Listwise ITR (Eq. 16-21), with the list masks of
+docs/spec.md §2.1a.
 
 This is the baseline the benchmarks race and the oracle's partner in the tests. It
 builds the (Q, C, C) tensor of pairwise differences, exactly like the paper's

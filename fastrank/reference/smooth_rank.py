@@ -1,4 +1,4 @@
-"""The smooth rank that smooth-NDCG, Smooth-AP and the Recall@k surrogate share (SPEC.md
+"""The smooth rank that smooth-NDCG, Smooth-AP and the Recall@k surrogate share (docs/spec.md
 2.1, 2.8, 2.9), in pure PyTorch:
 
     R(j, S) = 1 + sum_{k in S, k != j} sigma((s_k - s_j) / tau)
@@ -68,7 +68,7 @@ def smooth_ranks(sim: Tensor, sets: Sequence[Tensor], tau: float, block: int = B
 
 def list_members(sim: Tensor, positives: Tensor, mask: Optional[Tensor]):
     """(sim with the entries outside the list replaced by 0, the list, the positives in it)
-    for SPEC.md 2.1a: a masked entry's value is never read and takes part in nothing."""
+    for docs/spec.md §2.1a: a masked entry's value is never read and takes part in nothing."""
     if mask is None:
         return sim, torch.ones_like(positives), positives
     sim = torch.where(mask, sim, torch.zeros_like(sim))

@@ -110,7 +110,7 @@ class LossConfig:
 
 @dataclass
 class RelevanceConfig:
-    """Where graded relevance comes from (SPEC 4).
+    """Where graded relevance comes from (docs/spec.md §4).
 
     source: ``"sbert"`` = (1 + cos) / 2 of sentence-transformers caption embeddings
         (``fastrank.relevance.CaptionEncoder``, cached on disk), an image's relevance to a
@@ -181,7 +181,7 @@ class EvalConfig:
     """Evaluation on data.eval_split every ``every`` epochs (0 = only after the last epoch)
     with ``fastrank.metrics.evaluate``. graded: also the graded metrics (NDCG, tau, CS@K) at
     every evaluation (needs a relevance source; they always run in ``fastrank eval``).
-    rerank: also evaluate with fast re-ranking (paper 004), keys prefixed ``rerank_``.
+    rerank: also evaluate with fast re-ranking (DVSE), keys prefixed ``rerank_``.
     best_by: the key that selects ``best.pt`` (higher is better)."""
     every: int = 1
     graded: bool = True

@@ -4,18 +4,18 @@ and evaluated on its test split (1000 images x 5000 captions) with and without f
 
 Recipes (``RECIPES``; the loss is the only difference):
 
-- ``triplet``: VSE++ hinge triplet with the hardest negative (paper 000's baseline);
-- ``triplet+smooth_ndcg``: the same + smooth-NDCG, weights 1:1 (paper 000, Eq. 22, tau 0.01);
-- ``bcls``: Triplet-SN (LogSumExp soft negatives, gamma 50) + Kendall SW-HS (paper 001);
-- ``ladder``: ladder loss, L = 2 (paper 002: theta 0.63, margins 0.2 / 0.01, weights 1 / 0.25);
-- ``topk``: top-k triplet (paper 003, k = 5);
+- ``triplet``: VSE++ hinge triplet with the hardest negative (Listwise ITR's baseline);
+- ``triplet+smooth_ndcg``: the same + smooth-NDCG, weights 1:1 (Listwise ITR, Eq. 22, tau 0.01);
+- ``bcls``: Triplet-SN (LogSumExp soft negatives, gamma 50) + Kendall SW-HS (BCLS);
+- ``ladder``: ladder loss, L = 2 (Ladder Loss: theta 0.63, margins 0.2 / 0.01, weights 1 / 0.25);
+- ``topk``: top-k triplet (Deep Top-k, k = 5);
 - ``smooth_ap``: Smooth-AP alone (Brown et al., ECCV 2020, tau 0.01; binary relevance: the
   captions of the query's image are its positives);
 - ``pixel_triplet`` / ``pixel_triplet+smooth_ndcg``: the first two on pixels -- the same scenes
   and captions rendered as 32 x 32 images (``data.path = "demo_pixels"``), a small CNN (``cnn``)
   trained from scratch instead of the fc on region features, as DVSE trains its backbone;
 
-and each of them evaluated after fast re-ranking (paper 004) as ``<name>+rerank``. Every recipe
+and each of them evaluated after fast re-ranking (DVSE) as ``<name>+rerank``. Every recipe
 starts from one shared warm-up epoch (triplet summed over all negatives, VSE-infinity's warm-up:
 hardest-negative mining from scratch collapses on this data), trained once. Relevance
 for the listwise losses and the graded metrics comes from the bundled all-MiniLM-L6-v2 caption
@@ -58,16 +58,16 @@ class Recipe:
 
 
 RECIPES: List[Recipe] = [
-    Recipe("triplet", "VSE++ triplet, hardest negative (paper 000 baseline)", "triplet:1.0",
+    Recipe("triplet", "VSE++ triplet, hardest negative (Listwise ITR baseline)", "triplet:1.0",
            {"triplet": {"margin": 0.2, "mining": "hardest"}}),
-    Recipe("triplet+smooth_ndcg", "triplet + smooth-NDCG (paper 000)", "triplet:1.0,smooth_ndcg:1.0",
+    Recipe("triplet+smooth_ndcg", "triplet + smooth-NDCG (Listwise ITR)", "triplet:1.0,smooth_ndcg:1.0",
            {"triplet": {"margin": 0.2, "mining": "hardest"}, "smooth_ndcg": {"tau": 0.01}}),
-    Recipe("bcls", "Triplet-SN + Kendall SW-HS (paper 001)", "triplet:1.0,kendall_sw:1.0",
+    Recipe("bcls", "Triplet-SN + Kendall SW-HS (BCLS)", "triplet:1.0,kendall_sw:1.0",
            {"triplet": {"margin": 0.2, "mining": "soft", "gamma": 50.0},
             "kendall_sw": {"alpha": 0.1, "beta": 0.05}}),
-    Recipe("ladder", "ladder loss, L = 2 (paper 002)", "ladder:1.0",
+    Recipe("ladder", "ladder loss, L = 2 (Ladder Loss)", "ladder:1.0",
            {"ladder": {"thresholds": [0.63], "margins": [0.2, 0.01], "weights": [1.0, 0.25], "hard": True}}),
-    Recipe("topk", "top-k triplet, k = 5 (paper 003)", "topk:1.0", {"topk": {"k": 5, "margin": 0.2}}),
+    Recipe("topk", "top-k triplet, k = 5 (Deep Top-k)", "topk:1.0", {"topk": {"k": 5, "margin": 0.2}}),
     Recipe("smooth_ap", "Smooth-AP, tau 0.01 (Brown et al., ECCV 2020)", "smooth_ap:1.0", {"smooth_ap": {"tau": 0.01}}),
     Recipe("pixel_triplet", "pixels, CNN from scratch: VSE++ triplet, hardest negative", "triplet:1.0",
            {"triplet": {"margin": 0.2, "mining": "hardest"}}, pixels=True),
@@ -336,7 +336,7 @@ def _markdown_report(results, cfg: Config, names, known, skipped, timings, cs_k,
              f"data) and then trains {t.epochs - cfg.loss.warmup_epochs} epoch(s) with its own loss. Relevance: "
              f"{cfg.relevance.source}. Metrics: `fastrank.metrics.evaluate` on the test split after the "
              f"last epoch (no checkpoint selection on the test split); R@K in percent; `+rerank` = fast "
-             f"re-ranking (paper 004) at evaluation.", "",
+             f"re-ranking (DVSE) at evaluation.", "",
              markdown_table(results, cs_k), "", "| recipe | loss |", "|---|---|"]
     if pixel_cfg is not None:
         pm, po, pt = pixel_cfg.model, pixel_cfg.optim, pixel_cfg.train

@@ -533,7 +533,7 @@ class Trainer:
         return self._eval_rel_matrix
 
     def evaluate(self, graded: Optional[bool] = None, rerank=False, sim: Optional[torch.Tensor] = None) -> Dict[str, float]:
-        """``fastrank.metrics.evaluate`` on the eval split: a flat dict of floats (SPEC 5 keys).
+        """``fastrank.metrics.evaluate`` on the eval split: a flat dict of floats (docs/spec.md §5 keys).
         graded: include NDCG / tau / CS@K (default ``eval.graded``; needs a relevance source).
         rerank: False, True or a dict of ``fast_rerank`` arguments. sim: reuse a similarity."""
         from ..metrics.evaluate import evaluate

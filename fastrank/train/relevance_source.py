@@ -1,4 +1,4 @@
-"""Where the trainer's graded relevance comes from (SPEC 4, paper 000 Sec. III-C).
+"""Where the trainer's graded relevance comes from (docs/spec.md §4, Listwise ITR Sec. III-C).
 
 Every caption of a dataset is embedded once (L2-normalised); then (``fastrank.relevance``)
 

@@ -196,7 +196,7 @@ def check_loss(loss_fn, ref_fn, sim, rel, direction, reduction, mask=None, *, dt
 
 def low_precision_errors(loss_fn, ref_fn, sim, rel, dtype, device):
     """(kernel error, error of the reference run in dtype), both against the float64
-    reference on the same rounded input: SPEC's rule is kernel <= 2 x reference."""
+    reference on the same rounded input: the rule of docs/spec.md is kernel <= 2 x reference."""
     rounded = sim.to(dtype).double()
     want = reference_case(ref_fn, rounded, rel, "both", "none")
     got = run_case(loss_fn, rounded, rel, "both", "none", dtype=dtype, device=device)
@@ -209,7 +209,7 @@ def low_precision_errors(loss_fn, ref_fn, sim, rel, dtype, device):
 
 
 def check_nonfinite_propagates(loss_fn, sim, rel, device, directions=DIRECTIONS) -> None:
-    """SPEC.md 1 with the value check off (the CUDA default): a loss over an input with a NaN
+    """docs/spec.md §1 with the value check off (the CUDA default): a loss over an input with a NaN
     or inf comes back non-finite, and so does its gradient."""
     for direction in directions:
         s = sim.to(device).requires_grad_(True)

@@ -196,7 +196,7 @@ template <typename A> FR_HD A logistic_deriv(A x) {
 enum Direction : int { kI2T = 1, kT2I = 2, kBoth = 3 };
 enum Reduction : int { kNone = 0, kMean = 1, kSum = 2 };
 
-// ---- NaN propagation (SPEC.md section 1) -------------------------------------------------
+// ---- NaN propagation (docs/spec.md §1) -------------------------------------------------
 // On CUDA no host check runs by default: a NaN or inf in the input must reach the loss
 // and the gradient. std::max(NaN, 0) and fmaxf(NaN, 0) return 0, so the kernels use these:
 //  - hinge_nan(x) = [x]+ for numbers, NaN for NaN (and for -inf);
@@ -215,7 +215,7 @@ template <typename A> FR_HD A hinge_nan(A x) { return x > A(0) ? x : poison(x); 
 template <typename A> FR_HD A max_nan(A a, A b) { return (b > a || b != b) ? b : a; }
 template <typename A> FR_HD A min_nan(A a, A b) { return (b < a || b != b) ? b : a; }
 
-// ---- NDCG pieces (paper 000, Eq. 17) -------------------------------------------------
+// ---- NDCG pieces (Listwise ITR, Eq. 17) -------------------------------------------------
 // gain g = 2^r - 1; discount f(p) = 1 / log2(1 + p) = ln 2 / ln(1 + p);
 // f'(p) = -ln 2 / ((1 + p) * ln(1 + p)^2).
 template <typename A> FR_HD A ndcg_gain(A r) { return exp2(r) - A(1); }

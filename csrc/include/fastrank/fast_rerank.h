@@ -1,4 +1,4 @@
-// Fast re-ranking kernels (SPEC.md 3; paper 004, Eq. 13-15): entry points.
+// Fast re-ranking kernels (docs/spec.md §3; DVSE, Eq. 13-15): entry points.
 //
 // sim is a strided (n, m) matrix: element (i, j) is sim[i * sim_sr + j * sim_sc] (strides
 // in elements: contiguous, transposed, sliced or expanded all work). With
@@ -23,7 +23,7 @@
 // never an (n, m) matrix. Peak memory of a forward: the two outputs + O(n + m). On the CPU
 // workspace may be null: the kernel then allocates it for the call.
 //
-// Non-finite sim (SPEC.md 1): the kernels propagate NaN/inf (max_nan in every max
+// Non-finite sim (docs/spec.md §1): the kernels propagate NaN/inf (max_nan in every max
 // reduction, poison(sim) added to every gradient element), so a NaN or +-inf in sim gives
 // non-finite statistics, scores and gradient. The CPU lse/forward also return whether all
 // statistics are finite (the caller's raising check, with no second read of sim); the

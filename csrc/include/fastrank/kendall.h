@@ -1,4 +1,4 @@
-// Kendall ranking loss kernels (SPEC.md 2.2 and 2.1a; paper 001, Eq. 17): entry points.
+// Kendall ranking loss kernels (docs/spec.md §2.2 and 2.1a; BCLS, Eq. 17): entry points.
 //
 // One forward call computes every requested direction and the reduction. sim, rel and
 // mask are (n, m) strided matrices (strides in elements): the i2t queries are the rows,

@@ -1,5 +1,5 @@
 // Kendall loss with sliding-window sampling and hard-sample mining, SW-HS
-// (SPEC.md 2.3; paper 001, Eq. 18-20): entry points.
+// (docs/spec.md §2.3; BCLS, Eq. 18-20): entry points.
 //
 // One forward call computes every requested direction (i2t over the rows, t2i over the
 // columns through swapped strides) and the reduction, like kendall.h (same query slabs,

@@ -1,4 +1,4 @@
-// Recall@k surrogate kernels (SPEC.md 2.9; Patel, Tolias, Matas, CVPR 2022): entry points,
+// Recall@k surrogate kernels (docs/spec.md §2.9; Patel, Tolias, Matas, CVPR 2022): entry points,
 // a head of the smooth-rank engine (smooth_rank.h).
 //
 // As smooth_ap.h (sim, positives, mask, directions, reductions, workspace), with, per query,

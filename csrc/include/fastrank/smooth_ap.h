@@ -1,4 +1,4 @@
-// Smooth-AP kernels (SPEC.md 2.8; Brown et al., ECCV 2020): entry points, a head of the
+// Smooth-AP kernels (docs/spec.md §2.8; Brown et al., ECCV 2020): entry points, a head of the
 // smooth-rank engine (smooth_rank.h).
 //
 // sim, positives and mask are strided (n, m) matrices (strides in elements); the i2t queries

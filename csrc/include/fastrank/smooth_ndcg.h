@@ -1,4 +1,4 @@
-// Smooth-NDCG kernels (SPEC.md 2.1 and 2.1a; paper 000, Eq. 16-21): entry points.
+// Smooth-NDCG kernels (docs/spec.md §2.1 and 2.1a; Listwise ITR, Eq. 16-21): entry points.
 //
 // One call computes every requested direction and the reduction.
 // sim, rel and mask are strided (n, m) matrices: element (i, j) of sim is
