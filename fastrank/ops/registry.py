@@ -124,13 +124,17 @@ _POSITIVES_CASES = (
 
 
 # ---------------------------------------------------------------- smooth_ndcg
-def _smooth_ndcg_examples(dtype, seed=0, size=(5, 7)):
-    g = _gen(seed)
-    sim, rel, mask = _scores(*size, dtype, g), torch.rand(*size, generator=g, dtype=dtype), _mask(*size, g)
-    return [Example("both, mean, mask", {"sim": sim, "relevance": rel, "mask": mask},
-                    {"tau": 0.3, "direction": "both", "reduction": "mean", "impl": "native"}),
-            Example("t2i, none", {"sim": sim, "relevance": rel},
-                    {"tau": 0.5, "direction": "t2i", "reduction": "none", "impl": "native"})]
+def _graded_examples(both_hyper, one_direction, one_hyper):
+    """Examples of a loss on graded relevance: both directions, mean, with a mask (``both_hyper``),
+    and ``one_direction`` alone, no reduction, without a mask (``one_hyper``)."""
+    def examples(dtype, seed=0, size=(5, 7)):
+        g = _gen(seed)
+        sim, rel, mask = _scores(*size, dtype, g), torch.rand(*size, generator=g, dtype=dtype), _mask(*size, g)
+        return [Example("both, mean, mask", {"sim": sim, "relevance": rel, "mask": mask},
+                        {**both_hyper, "direction": "both", "reduction": "mean", "impl": "native"}),
+                Example(f"{one_direction}, none", {"sim": sim, "relevance": rel},
+                        {**one_hyper, "direction": one_direction, "reduction": "none", "impl": "native"})]
+    return examples
 
 
 def _smooth_ndcg_samples(ex):
@@ -179,15 +183,6 @@ def _recall_head(h):
 
 
 # ---------------------------------------------------------------- kendall, kendall_sw
-def _kendall_examples(dtype, seed=0, size=(5, 7)):
-    g = _gen(seed)
-    sim, rel, mask = _scores(*size, dtype, g), torch.rand(*size, generator=g, dtype=dtype), _mask(*size, g)
-    return [Example("both, mean, mask", {"sim": sim, "relevance": rel, "mask": mask},
-                    {"alpha": 0.1, "direction": "both", "reduction": "mean", "impl": "native"}),
-            Example("i2t, none", {"sim": sim, "relevance": rel},
-                    {"alpha": 0.05, "direction": "i2t", "reduction": "none", "impl": "native"})]
-
-
 def _kendall_samples(ex):
     x, h = ex.inputs, ex.hyper
     d, r = _codes(h)
@@ -259,7 +254,7 @@ def _topk_samples(ex):
 NATIVE_OPS: Dict[str, NativeOp] = {op.name: op for op in (
     NativeOp("smooth_ndcg", _smooth_ndcg.smooth_ndcg_loss, _smooth_ndcg.SmoothNDCGLoss,
              ("fastrank::smooth_ndcg", "fastrank::smooth_ndcg_backward"),
-             _smooth_ndcg_examples, _smooth_ndcg_samples,
+             _graded_examples({"tau": 0.3}, "t2i", {"tau": 0.5}), _smooth_ndcg_samples,
              _TENSOR_CASES + _RELEVANCE_CASES + _MASK_CASES + _HYPER_CASES + (
                  BadInput("negative relevance", ValueError, "relevance",
                           inputs=lambda x: {"relevance": x["relevance"] - 1}),
@@ -282,7 +277,7 @@ NATIVE_OPS: Dict[str, NativeOp] = {op.name: op for op in (
                  BadInput("tau_k = 0", ValueError, "tau_k", hyper={"tau_k": 0.0}))),
     NativeOp("kendall", _kendall.kendall_loss, _kendall.KendallLoss,
              ("fastrank::kendall", "fastrank::kendall_backward"),
-             _kendall_examples, _kendall_samples,
+             _graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}), _kendall_samples,
              _TENSOR_CASES + _RELEVANCE_CASES + _MASK_CASES + _HYPER_CASES + (
                  BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),)),
     NativeOp("kendall_sw", _kendall_sw.kendall_sw_loss, _kendall_sw.KendallSWLoss,
