@@ -20,25 +20,15 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from ..distributed import LocalLoss, all_gather_with_grad, is_distributed
+from ..distributed import LocalLoss, all_gather_with_grad
 from ..memory import EmbeddingMemory
 
 __all__ = ["MEMORY_TERMS", "CrossBatchMemory"]
 
 #: CombinedLoss term names that rank against the memory too
 MEMORY_TERMS = ("triplet", "smooth_ap", "recall_at_k")
-
-
-def _gather(x: Tensor) -> Tensor:
-    """All ranks' ``x`` concatenated in rank order, without gradient (``x`` itself alone)."""
-    if not is_distributed():
-        return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
 
 
 class CrossBatchMemory:
@@ -80,8 +70,8 @@ class CrossBatchMemory:
     @torch.no_grad()
     def enqueue(self, img_local: Tensor, txt_local: Tensor, ids: Tensor) -> None:
         """Store the global batch (gathered from every rank): the same memory on every rank."""
-        self.images.enqueue(_gather(img_local.detach()), ids)
-        self.captions.enqueue(_gather(txt_local.detach()), ids)
+        self.images.enqueue(all_gather_with_grad(img_local.detach()), ids)
+        self.captions.enqueue(all_gather_with_grad(txt_local.detach()), ids)
 
     def state_dict(self) -> Dict:
         return {"capacity": self.capacity, "images": self.images.state_dict(),
