@@ -17,6 +17,9 @@ ground-truth pairs get relevance exactly 1.
   on the batch's device, in microseconds.
 - :func:`index_from_caption_to_image`: the (n_images, captions_per_image) caption index
   from a caption -> image map.
+- :func:`teacher_relevance`: the relevance between query and document texts from a frozen
+  teacher (the sentence-transformers losses' ``teacher=``), with :func:`teacher_embeddings`
+  and :func:`check_teacher`.
 
 sentence-transformers is imported only when a model is actually loaded, so
 ``import fastrank.relevance`` stays fast and a cache hit never loads the model.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -39,7 +43,7 @@ from torch import Tensor
 from . import _validation as V
 
 __all__ = ["CaptionEncoder", "relevance_matrix", "BatchRelevance", "index_from_caption_to_image",
-           "default_model_path", "default_cache_dir"]
+           "teacher_relevance", "teacher_embeddings", "check_teacher", "default_model_path", "default_cache_dir"]
 
 _CACHE_FORMAT = "fastrank.caption_embeddings"
 _CACHE_VERSION = 1
@@ -69,15 +73,15 @@ def default_cache_dir() -> Path:
     return Path(base) / "fastrank" / "embeddings"
 
 
-def _check_captions(captions) -> List[str]:
+def _check_captions(captions, name: str = "captions") -> List[str]:
     if isinstance(captions, str) or not isinstance(captions, Sequence):
-        raise TypeError(f"captions must be a list of str, got {type(captions).__name__}")
+        raise TypeError(f"{name} must be a list of str, got {type(captions).__name__}")
     captions = list(captions)
     if not captions:
-        raise ValueError("captions must not be empty")
+        raise ValueError(f"{name} must not be empty")
     for i, c in enumerate(captions):
         if not isinstance(c, str):
-            raise TypeError(f"captions[{i}] must be a str, got {type(c).__name__}")
+            raise TypeError(f"{name}[{i}] must be a str, got {type(c).__name__}")
     return captions
 
 
@@ -492,3 +496,48 @@ class BatchRelevance:
             else:
                 gt = img.unsqueeze(1) == img.unsqueeze(0)
         return _cos_to_relevance(cos).masked_fill_(gt, 1.0)
+
+
+# -------------------------------------------------------------- relevance from a teacher
+def check_teacher(teacher):
+    """``teacher`` when it can embed texts (a :class:`CaptionEncoder`, a SentenceTransformer
+    or any object with ``encode(list_of_str)``), else a TypeError naming it."""
+    if isinstance(teacher, (str, bytes)) or not callable(getattr(teacher, "encode", None)):
+        raise TypeError(f"teacher must be a CaptionEncoder, a SentenceTransformer or an object with "
+                        f"encode(texts), got {type(teacher).__name__}")
+    return teacher
+
+
+def teacher_embeddings(teacher, texts: Sequence[str]) -> Tensor:
+    """(len(texts), dim) float32 CPU embeddings of ``texts`` by a frozen teacher, rows
+    L2-normalised, without gradient. A :class:`CaptionEncoder` runs its model directly (no
+    disk cache: a training batch's texts are seen once); a SentenceTransformer normalises
+    its own embeddings; any other object's ``encode(texts)`` must return (n_texts, dim)."""
+    check_teacher(teacher)
+    if isinstance(teacher, CaptionEncoder):
+        teacher = teacher.model  # the loaded SentenceTransformer: no disk cache per batch
+    st = sys.modules.get("sentence_transformers")  # never imported here: a teacher of its class already did
+    if st is not None and isinstance(teacher, st.SentenceTransformer):
+        emb = teacher.encode(texts, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
+    else:
+        with torch.no_grad():
+            emb = teacher.encode(texts)
+    emb = torch.as_tensor(emb).detach().float().cpu()
+    if emb.dim() != 2 or emb.shape[0] != len(texts):
+        raise ValueError(f"teacher.encode returned shape {tuple(emb.shape)} for {len(texts)} texts; "
+                         f"expected (n_texts, dim)")
+    return F.normalize(emb, dim=1)
+
+
+def teacher_relevance(teacher, queries: Sequence[str], documents: Sequence[str]) -> Tensor:
+    """RSC relevance (Eq. 8) from a frozen teacher g: the (len(queries), len(documents))
+    float32 CPU matrix r[a, b] = (1 + cos(g(queries[a]), g(documents[b]))) / 2, in [0, 1].
+
+    No pair is ground truth here (the caller knows which are and sets them). The texts are
+    embedded in one ``encode`` call (:func:`teacher_embeddings`, queries first); an image
+    stands in through its own caption (the RSC rule), which the caller picks.
+    """
+    queries = _check_captions(queries, "queries")
+    documents = _check_captions(documents, "documents")
+    emb = teacher_embeddings(teacher, queries + documents)
+    return _cos_to_relevance(emb[:len(queries)] @ emb[len(queries):].T)

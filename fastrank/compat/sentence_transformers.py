@@ -45,7 +45,7 @@ Similarity matrix and relevance (the in-batch convention):
 
 Relevance from a frozen teacher (``teacher=``; the relevance score calculation, RSC, of the
 smooth-NDCG paper, Eq. 8; see
-:mod:`fastrank.relevance`): ``r = (1 + cos(g(a_b), g(d))) / 2`` with g the teacher's
+:func:`fastrank.relevance.teacher_relevance`): ``r = (1 + cos(g(a_b), g(d))) / 2`` with g the teacher's
 sentence embedding, a_b the text of query b and d the text of the document. When the
 query column holds images, the image is represented by its paired caption (row b's doc_1,
 the RSC rule: the relevance of caption j to image i is the text similarity of caption j to
@@ -170,22 +170,6 @@ def _tokenizer_of(model):
     return inner if inner is not None and callable(getattr(inner, "batch_decode", None)) else tok
 
 
-def _teacher_encode(teacher, texts: List[str]) -> Tensor:
-    from ..relevance import CaptionEncoder
-    if isinstance(teacher, CaptionEncoder):
-        teacher = teacher.model  # the loaded SentenceTransformer: no disk cache per batch
-    if isinstance(teacher, _st.SentenceTransformer):
-        emb = teacher.encode(texts, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
-    else:
-        with torch.no_grad():
-            emb = teacher.encode(texts)
-    emb = torch.as_tensor(emb).detach().float().cpu()
-    if emb.dim() != 2 or emb.shape[0] != len(texts):
-        raise ValueError(f"teacher.encode returned shape {tuple(emb.shape)} for {len(texts)} texts; "
-                         f"expected (n_texts, dim)")
-    return F.normalize(emb, dim=1)
-
-
 # ------------------------------------------------------------------------- base class
 class _RankingLoss(nn.Module):
     """The shared part: checks, relevance, similarity. Subclasses define ``_rank``."""
@@ -204,9 +188,9 @@ class _RankingLoss(nn.Module):
         if not isinstance(in_batch, bool):
             raise TypeError(f"in_batch must be True or False, got {in_batch!r}")
         self.in_batch = in_batch
-        if teacher is not None and (isinstance(teacher, (str, bytes)) or not callable(getattr(teacher, "encode", None))):
-            raise TypeError(f"teacher must be a CaptionEncoder, a SentenceTransformer or an object with "
-                            f"encode(texts), got {type(teacher).__name__}")
+        if teacher is not None:
+            from ..relevance import check_teacher
+            check_teacher(teacher)
         # a plain attribute, not a submodule: the teacher is frozen and not part of the loss's state
         object.__setattr__(self, "teacher", teacher)
         if not callable(similarity_fct):
@@ -309,10 +293,9 @@ class _RankingLoss(nn.Module):
                     f"query); the teacher needs text (modalities of the columns: {modalities})")
             return text(partner)
 
+        from ..relevance import teacher_relevance
         cols = [represented(k) for k in range(D + 1)]
-        emb = _teacher_encode(self.teacher, [t for c in cols for t in c])
-        anchors, docs = emb[:B], emb[B:]                            # (B, dim), (D * B, dim)
-        return ((1.0 + anchors @ docs.T) * 0.5).clamp_(0.0, 1.0)    # (B, D * B)
+        return teacher_relevance(self.teacher, cols[0], [t for c in cols[1:] for t in c])   # (B, D * B)
 
     # ------------------------------------------------------------------ relevance
     def _relevance(self, batch: _Batch, dtype, device) -> Tensor:

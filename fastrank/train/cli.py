@@ -51,7 +51,7 @@ def _cmd_train(args) -> int:
     if args.no_progress:
         values["train.progress"] = False
     from .checkpoint import CheckpointError
-    from .loop import TrainingInterrupted
+    from .signals import TrainingInterrupted
     cfg = load_config(args.config, args.set or (), **values)
     try:
         trainer = Trainer(cfg, resume=False if args.resume is None else args.resume)
@@ -79,7 +79,7 @@ def _cmd_train(args) -> int:
 
 def _cmd_eval(args) -> int:
     from .checkpoint import CheckpointError
-    from .loop import evaluate_checkpoint
+    from .evaluation import evaluate_checkpoint
     try:
         res = evaluate_checkpoint(args.checkpoint, data=args.data, split=args.split, relevance=args.relevance,
                                   rerank=args.rerank, device=args.device, graded=not args.no_graded)

@@ -39,7 +39,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from .config import Config
-from .loop import DEMO_PIXELS, Trainer, load_datasets
+from .build import DEMO_PIXELS, load_datasets
+from .loop import Trainer
 from .plots import plot_curves
 from .relevance_source import CaptionRelevance
 
@@ -241,8 +242,7 @@ def _run_demo(out, quick, device, seed, epochs, recipes, progress, log) -> Dict[
         else:
             rc = gbase.relevance
             log(f"relevance: {rc.source} caption embeddings (encoded once, cached on disk) ...")
-            rel = (CaptionRelevance.from_dataset(train_ds, rc.source, rc.model, rc.cache_dir),
-                   CaptionRelevance.from_dataset(test_ds, rc.source, rc.model, rc.cache_dir))
+            rel = (CaptionRelevance.from_config(train_ds, rc), CaptionRelevance.from_config(test_ds, rc))
             shared = (captions, rel)
         timings[f"{tag}data_and_relevance"] = time.time() - t0
         log(f"relevance ready in {timings[tag + 'data_and_relevance']:.1f}s")

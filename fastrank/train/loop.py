@@ -1,6 +1,10 @@
-"""The reference trainer: a VSE model, a ``CombinedLoss`` over each global batch, AdamW with
-step decay, gradient clipping, AMP on CUDA, evaluation every epoch, atomic checkpoints with
-exact resume, and data parallelism over ``torchrun`` ranks.
+"""The reference trainer's loop: a VSE model, a ``CombinedLoss`` over each global batch, AdamW
+with step decay, gradient clipping, AMP on CUDA, evaluation every epoch, atomic checkpoints with
+exact resume, and data parallelism over ``torchrun`` ranks. :class:`Trainer` joins parts that
+each have a file: what a run is built from (:mod:`fastrank.train.build`), its state and
+checkpoints (:mod:`fastrank.train.state`: the files in ``train.out_dir``, exact resume),
+evaluation (:mod:`fastrank.train.evaluation`, shared with ``fastrank eval``) and stop signals
+(:mod:`fastrank.train.signals`); this file holds the setup and the loop.
 
 Data order. Epoch e visits the training captions in the permutation drawn from a generator
 seeded with (seed, e), cut into global batches of ``train.batch_size`` (the last incomplete
@@ -26,122 +30,36 @@ parameters (DDP's ``no_sync`` for every chunk but the last). The gradient is the
 (:mod:`fastrank.train.cross_batch`): the triplet, Smooth-AP and Recall@k terms also rank the
 last K image / caption embeddings of past global batches; it is the same on every rank and
 stored in last.pt. See ``docs/training-at-scale.md``.
-
-Files in ``train.out_dir``: ``last.pt`` (everything needed to resume: model, optimizer,
-scheduler, grad scaler, RNG states, epoch, step inside the epoch, the epoch's running loss
-sums, history, the cross-batch memory), written at each epoch's end and inside epochs every ``train.save_every_steps``
-steps / ``train.save_every_minutes`` minutes; ``best.pt`` (the model, its config and vocabulary
-at the best ``eval.best_by`` so far: what evaluation and export need); ``metrics.jsonl`` (one
-JSON line per epoch); ``config.json``; with ``train.keep_checkpoints = K`` also the last K
-``epoch{E}_step{S}.pt`` (last.pt is a hard link to the newest). Every file is written
-atomically and loads with ``torch.load(weights_only=True)``.
-
-Exact resume. ``--resume`` restores everything in last.pt and skips the epoch's first ``step``
-batches without loading them (the epoch's order depends only on (seed, epoch)), so the resumed
-run is the run that was never stopped: same weights, same metrics.jsonl lines. Under torchrun
-only rank 0 writes, every rank restores the same file (rank 0's RNG states: the ranks are
-seeded alike), and the epoch's loss sums are stored per rank.
-
-Stopping. SIGTERM and SIGUSR1 (what schedulers send before a kill) set a flag; after the
-current optimizer step the ranks agree on it (an all-reduce), write last.pt, log one line and
-:meth:`Trainer.fit` raises :class:`TrainingInterrupted` (``fastrank train`` exits with
-128 + the signal number: 143 for SIGTERM, 138 for SIGUSR1).
 """
 from __future__ import annotations
 
-import copy
-import json
-import math
 import os
-import random
-import signal
 import sys
-import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..data import PrecompCollate, PrecompDataset, Vocab, make_demo
+from ..data import PrecompCollate, PrecompDataset, Vocab
 from ..distributed import LocalLoss
-from ..models import VSE, build_vse
+from ..models import VSE
 from ..nn import CombinedLoss
-from .checkpoint import (CheckpointError, link_atomic, load_checkpoint, rng_state, save_atomic,
-                         set_rng_state)
+from .build import DEMO_PIXELS, autocast, build_model, load_datasets, seed_everything
+from .checkpoint import CheckpointError, save_atomic
 from .config import Config
 from .cross_batch import MEMORY_TERMS, CrossBatchMemory
+from .evaluation import Evaluation, evaluate_checkpoint, format_metrics
 from .grad_cache import cached_step
 from .relevance_source import CaptionRelevance
+from .signals import STOP_SIGNALS, StopSignals, TrainingInterrupted
+from .state import CHECKPOINT_FORMAT, TrainingState, model_from_checkpoint
 
+# the names this module held before the trainer's parts had files of their own stay importable
 __all__ = ["Trainer", "load_datasets", "build_model", "epoch_batches", "seed_everything",
            "model_from_checkpoint", "evaluate_checkpoint", "CHECKPOINT_FORMAT", "TrainingInterrupted",
-           "STOP_SIGNALS"]
-
-CHECKPOINT_FORMAT = "fastrank-train-2"   # -1 (pickled numpy RNG states) needed weights_only=False
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
-# config keys a mid-epoch resume must share with the run that wrote the checkpoint (the data order)
-_ORDER_KEYS = ("batch_size", "seed", "max_steps_per_epoch")
-
-
-class TrainingInterrupted(Exception):
-    """Raised by :meth:`Trainer.fit` after a stop signal (SIGTERM, SIGUSR1): the current step
-    finished and ``checkpoint`` (last.pt, or None with ``train.checkpoint = false``) was written.
-    ``exit_code`` = 128 + ``signum`` (the shell's convention: 143 for SIGTERM)."""
-
-    def __init__(self, signum: int, checkpoint: Optional[Path], message: str):
-        super().__init__(message)
-        self.signum = int(signum)
-        self.checkpoint = checkpoint
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, numpy and torch (CPU and CUDA)."""
-    random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
-    torch.manual_seed(seed)
-
-
-DEMO_PIXELS = 32   # side of the rendered demo scenes of ``data.path = "demo_pixels"``
-
-
-def load_datasets(data_cfg) -> Tuple[PrecompDataset, PrecompDataset]:
-    """(train, eval) datasets of a :class:`~fastrank.train.config.DataConfig`; ``path = "demo"``
-    generates the demo data in memory (its splits are "train" and "test"), ``"demo_pixels"``
-    the same scenes rendered as 32 x 32 images (flattened, (n, 3072): for the ``cnn`` encoder)."""
-    cpi = data_cfg.captions_per_image
-    if data_cfg.path in ("demo", "demo_pixels"):
-        splits = make_demo(seed=data_cfg.demo_seed, n_train=data_cfg.demo_n_train,
-                           n_test=data_cfg.demo_n_test, captions_per_image=cpi,
-                           pixels=DEMO_PIXELS if data_cfg.path == "demo_pixels" else None)
-        out = []
-        for name in (data_cfg.train_split, data_cfg.eval_split):
-            if name not in splits:
-                raise ValueError(f"the demo data has splits {sorted(splits)}, not {name!r}")
-            out.append(PrecompDataset.from_arrays(splits[name].images, splits[name].captions, cpi, split=name))
-        return out[0], out[1]
-    return (PrecompDataset(data_cfg.path, data_cfg.train_split, cpi),
-            PrecompDataset(data_cfg.path, data_cfg.eval_split, cpi))
-
-
-def build_model(model_cfg, img_dim: int, vocab: Optional[Vocab]) -> VSE:
-    """``build_vse`` from a :class:`~fastrank.train.config.ModelConfig`; a gru text encoder
-    gets ``vocab`` (so it takes caption strings)."""
-    text_kw = dict(model_cfg.text_kw)
-    if model_cfg.text_encoder == "gru":
-        text_kw["vocab"] = vocab
-    if model_cfg.image_encoder == "sub_embed":
-        raise ValueError("model.image_encoder = 'sub_embed' is not supported by the trainer (its "
-                         "losses take the (K, N, M) sub-similarities); use a single-embedding encoder")
-    return build_vse(model_cfg.image_encoder, model_cfg.text_encoder, img_dim,
-                     embed_dim=model_cfg.embed_dim, image_kw=dict(model_cfg.image_kw), text_kw=text_kw)
+           "STOP_SIGNALS", "DEMO_PIXELS"]
 
 
 def epoch_batches(n_items: int, batch_size: int, seed: int, epoch: int, max_steps: int = 0) -> torch.Tensor:
@@ -157,26 +75,7 @@ def epoch_batches(n_items: int, batch_size: int, seed: int, epoch: int, max_step
     return torch.randperm(n_items, generator=g)[: n_steps * batch_size].view(n_steps, batch_size)
 
 
-def model_from_checkpoint(ckpt: Dict, device="cpu") -> Tuple[VSE, Config, Optional[Vocab]]:
-    """Rebuild the model of a trainer checkpoint (dict from ``load_checkpoint``; last.pt or
-    best.pt): (model in eval mode on ``device``, its Config, its Vocab or None)."""
-    if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"not a fastrank trainer checkpoint (format {ckpt.get('format')!r}, "
-                              f"expected {CHECKPOINT_FORMAT!r})")
-    cfg = Config.from_dict(ckpt["config"])
-    vocab = Vocab(ckpt["vocab"]) if ckpt.get("vocab") is not None else None
-    model = build_model(cfg.model, ckpt["img_dim"], vocab)
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), cfg, vocab
-
-
-def _fmt_metrics(m: Dict[str, float]) -> str:
-    keys = [("rsum", "rsum"), ("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("i2t_ndcg", "i2t NDCG"),
-            ("t2i_ndcg", "t2i NDCG"), ("rerank_rsum", "rerank rsum")]
-    return " ".join(f"{label} {m[k]:.4g}" for k, label in keys if k in m)
-
-
-class Trainer:
+class Trainer(TrainingState, Evaluation, StopSignals):
     """Train a VSE model with a fastrank loss (see the module docstring).
 
     Args:
@@ -220,22 +119,9 @@ class Trainer:
         self.vocab = (Vocab.build(self.train_ds.captions, self.cfg.data.vocab_min_count)
                       if self.cfg.model.text_encoder == "gru" else None)
         self.out_dir = Path(tc.out_dir)
-        ckpt, self.resumed_from = None, None
-        if resume is True or resume == "latest":
-            latest = self.out_dir / "last.pt"
-            if latest.is_file():
-                self.resumed_from = latest
-            else:
-                self.log(f"--resume: no checkpoint {latest} yet; starting from scratch")
-        elif resume:
-            self.resumed_from = Path(resume)
-        if self.resumed_from is not None:
-            ckpt = load_checkpoint(self.resumed_from, format=CHECKPOINT_FORMAT)
-            if ckpt.get("kind") != "full":
-                raise CheckpointError(f"{self.resumed_from} holds only a model ({ckpt.get('kind')!r} "
-                                      f"checkpoint, e.g. best.pt); resume from a last.pt")
-            if ckpt.get("vocab") is not None:
-                self.vocab = Vocab(ckpt["vocab"])
+        ckpt = self._open_resume(resume)
+        if ckpt is not None and ckpt.get("vocab") is not None:
+            self.vocab = Vocab(ckpt["vocab"])
         self.img_dim = self.train_ds.feature_dim
         self.model = build_model(self.cfg.model, self.img_dim, self.vocab).to(self.device)
 
@@ -249,8 +135,8 @@ class Trainer:
         if relevance is not None:
             self.train_rel, self.eval_rel = relevance
         else:
-            self.train_rel = (self._rank0_first(lambda: CaptionRelevance.from_dataset(
-                self.train_ds, rc.source, rc.model, rc.cache_dir)) if needs_rel and rc.source != "none" else None)
+            self.train_rel = (self._rank0_first(lambda: CaptionRelevance.from_config(self.train_ds, rc))
+                              if needs_rel and rc.source != "none" else None)
             self.eval_rel = None  # built on first graded evaluation
         if needs_rel and self.train_rel is None:
             raise ValueError(f"loss {lc.spec!r} needs relevance, but relevance.source is "
@@ -275,14 +161,8 @@ class Trainer:
             self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
             if self.world_size > 1 else None)
 
-        self.epoch = 0                 # epochs completed
-        self.step = 0                  # optimizer steps done in epoch self.epoch (0-based)
-        self.best = -math.inf          # best eval.best_by so far
-        self.history: List[Dict] = []  # one record per completed epoch
-        self._epoch_sums: Optional[torch.Tensor] = None   # this rank's running loss sums of the epoch
-        self._epoch_time = 0.0         # training seconds of the epoch before a resume
+        self._init_state()             # epoch, step, best, history, ... (fastrank.train.state)
         self._stop_signal = 0          # set by the SIGTERM / SIGUSR1 handler
-        self._last_save = time.monotonic()
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -335,7 +215,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
+        return autocast(self.amp)
 
     def train_epoch(self) -> Dict:
         """Train one epoch (``self.epoch``, 0-based) from step ``self.step`` (0, or where a
@@ -456,16 +336,7 @@ class Trainer:
             module=self.model)
         return total.detach(), parts, img_emb, txt_emb
 
-    # ------------------------------------------------------------------ stopping and saving
-    def _agreed(self, stop: int, timed: bool) -> Tuple[int, bool]:
-        """(stop signal, time-triggered save) agreed by all ranks (max over ranks)."""
-        if self.world_size == 1:
-            return stop, timed
-        flags = torch.tensor([stop, int(timed)], dtype=torch.int64, device=self.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, timed = flags.tolist()
-        return int(stop), bool(timed)
-
+    # ------------------------------------------------------------------ stopping, saving, evaluating
     def _after_step(self, n_steps: int, t0: float) -> None:
         """After each optimizer step: stop on a signal (save, raise), or write the mid-epoch
         checkpoint when ``train.save_every_*`` says so."""
@@ -482,83 +353,12 @@ class Trainer:
             self._save_last()
             self._epoch_time -= time.time() - t0   # the epoch's clock keeps running from t0
 
-    def _stop(self, signum: int, n_steps: Optional[int] = None) -> None:
-        """Write last.pt (when checkpoints are on), log one line, raise TrainingInterrupted."""
-        path = self._save_last() if self.cfg.train.checkpoint else None
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        where = (f"epoch {self.epoch + 1}, step {self.step}/{n_steps}" if n_steps is not None
-                 else f"the end of epoch {self.epoch}")
-        saved = f"wrote {path}; continue with --resume" if path is not None else \
-            "no checkpoint written (train.checkpoint = false)"
-        msg = f"stopped by {name} at {where}: {saved} (exit status {128 + signum})"
-        self.log(msg)
-        raise TrainingInterrupted(signum, path, msg)
-
-    def _on_signal(self, signum, frame) -> None:
-        self._stop_signal = int(signum)
-
-    def _install_signal_handlers(self) -> Dict:
-        """SIGTERM / SIGUSR1 -> set the stop flag (main thread only); returns the old handlers."""
-        old = {}
-        if threading.current_thread() is not threading.main_thread():
-            return old
-        for name in STOP_SIGNALS:
-            sig = getattr(signal, name, None)
-            if sig is not None:
-                old[sig] = signal.signal(sig, self._on_signal)
-        return old
-
-    # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
-    def similarity(self, dataset: Optional[PrecompDataset] = None) -> torch.Tensor:
-        """(n_images, n_captions) float32 similarity of a dataset (default: the eval split)."""
-        ds = dataset if dataset is not None else self.eval_ds
-        bs = self.cfg.eval.batch_size
-        with self._autocast():
-            img = self.model.encode_images(ds.images, batch_size=bs)
-            txt = self.model.encode_texts(ds.captions, batch_size=bs)
-        return VSE.similarity(img.float(), txt.float())   # float32 scores: no fp16 ties
-
-    def eval_relevance(self) -> Optional[torch.Tensor]:
-        """(n_images, n_captions) relevance of the eval split (cached), or None without a source."""
-        if self._eval_rel_matrix is None:
-            if self.eval_rel is None and self.cfg.relevance.source != "none":
-                rc = self.cfg.relevance
-                self.eval_rel = CaptionRelevance.from_dataset(self.eval_ds, rc.source, rc.model, rc.cache_dir)
-            if self.eval_rel is not None:
-                self._eval_rel_matrix = self.eval_rel.full()
-        return self._eval_rel_matrix
-
-    def evaluate(self, graded: Optional[bool] = None, rerank=False, sim: Optional[torch.Tensor] = None) -> Dict[str, float]:
-        """``fastrank.metrics.evaluate`` on the eval split: a flat dict of floats (docs/spec.md §5 keys).
-        graded: include NDCG / tau / CS@K (default ``eval.graded``; needs a relevance source).
-        rerank: False, True or a dict of ``fast_rerank`` arguments. sim: reuse a similarity."""
-        from ..metrics.evaluate import evaluate
-        ec = self.cfg.eval
-        graded = ec.graded if graded is None else graded
-        if sim is None:
-            sim = self.similarity()
-        rel = self.eval_relevance() if graded else None
-        res = evaluate(sim, self.eval_ds.caption_to_image.to(sim.device),
-                       rel.to(sim.device) if rel is not None else None,
-                       ks=tuple(ec.ks), cs_k=tuple(ec.cs_k), rerank=rerank or None)
-        return {k: float(v) for k, v in res.items()}
-
     def _end_of_epoch(self, record: Dict) -> Dict:
         ec, tc = self.cfg.eval, self.cfg.train
         last = self.epoch >= tc.epochs
         if self.is_main and ((ec.every and self.epoch % ec.every == 0) or last):
             t0 = time.time()
-            sim = self.similarity()
-            record.update(self.evaluate(sim=sim))
-            if ec.rerank:
-                try:
-                    record.update({f"rerank_{k}": v for k, v in self.evaluate(rerank=True, sim=sim).items()})
-                except NotImplementedError as err:
-                    self.log(f"  (re-ranked evaluation skipped: {err})")
+            record.update(self._epoch_metrics())
             record["time_eval"] = time.time() - t0
         is_best = False
         if self.is_main and ec.best_by in record and record[ec.best_by] > self.best:
@@ -574,7 +374,7 @@ class Trainer:
         if self.is_main:
             parts = " ".join(f"{k} {v:.4f}" for k, v in record["loss_parts"].items())
             self.log(f"epoch {self.epoch}/{tc.epochs} loss {record['loss']:.4f} ({parts}) "
-                     f"lr {record['lr']:.2e} | {_fmt_metrics(record)}{' *' if is_best else ''} | "
+                     f"lr {record['lr']:.2e} | {format_metrics(record)}{' *' if is_best else ''} | "
                      f"{record['time_train']:.1f}s train" +
                      (f", {record['time_eval']:.1f}s eval" if "time_eval" in record else ""))
         if self.world_size > 1:
@@ -586,25 +386,14 @@ class Trainer:
         (one record per epoch: loss, loss parts, lr, times, and the metrics when evaluated).
         Raises :class:`TrainingInterrupted` after SIGTERM / SIGUSR1 (last.pt written)."""
         if self.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2))
-            # exactly the lines of the epochs the state has seen: a resumed run drops the lines
-            # a stopped run wrote after its checkpoint, and never duplicates one
-            path = self.out_dir / "metrics.jsonl"
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
-            os.replace(tmp, path)
+            self._write_run_files()
         self._last_save = time.monotonic()
-        old = self._install_signal_handlers()
-        try:
+        with self._stop_signals_handled():
             while self.epoch < self.cfg.train.epochs:
                 self._end_of_epoch(self.train_epoch())
                 stop, _ = self._agreed(self._stop_signal, False)
                 if stop and self.epoch < self.cfg.train.epochs:
                     self._stop(stop)   # last.pt of this epoch's end is written
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
         return self.history
 
     def close(self, orderly: bool = True, exit_code: Optional[int] = None) -> None:
@@ -637,169 +426,3 @@ class Trainer:
                     time.sleep(0.1)
                 dist.destroy_process_group()
             self._owns_pg = False
-
-    # ------------------------------------------------------------------ checkpoints
-    def model_state_dict(self) -> Dict:
-        """What ``best.pt`` holds: the model, its config, vocabulary and input size (all that
-        evaluation and export need, a third of last.pt), plus the epoch and its metrics."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "kind": "model",
-            "config": self.cfg.to_dict(),
-            "vocab": self.vocab.itos[len(Vocab.SPECIALS):] if self.vocab is not None else None,
-            "img_dim": self.img_dim,
-            "model": self.model.state_dict(),
-            "epoch": self.epoch,
-            "metrics": copy.deepcopy(self.history[-1]) if self.history else None,
-        }
-
-    def state_dict(self, epoch_sums: Optional[torch.Tensor] = None) -> Dict:
-        """The full training state (what ``last.pt`` holds): :meth:`model_state_dict` plus
-        optimizer, scheduler, grad scaler, epoch, step inside the epoch, the epoch's running
-        loss sums (one row per rank: ``epoch_sums``, default this rank's), its training time,
-        best, history and RNG states. Plain types and tensors only."""
-        if epoch_sums is None and self._epoch_sums is not None:
-            epoch_sums = self._epoch_sums.detach().cpu()[None]
-        state = self.model_state_dict()
-        state.update({
-            "kind": "full",
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "step": self.step,
-            "epoch_sums": epoch_sums,
-            "epoch_time": self._epoch_time,
-            "world_size": self.world_size,
-            "n_train": len(self.train_ds),
-            "best": self.best,
-            "history": self.history,
-            "rng": rng_state(self.device),
-            "memory": self.memory.state_dict() if self.memory is not None else None,
-        })
-        del state["metrics"]
-        return state
-
-    def save(self, path) -> Path:
-        """Write the full training state atomically (single process; under torchrun the trainer
-        writes last.pt itself, from rank 0)."""
-        return save_atomic(self.state_dict(), path)
-
-    def _gathered_sums(self) -> Optional[torch.Tensor]:
-        """(world_size, terms + 1) running loss sums of every rank, on every rank (a collective
-        when the world size is > 1), or None outside an epoch."""
-        if self._epoch_sums is None:
-            return None
-        local = self._epoch_sums.detach()
-        if self.world_size == 1:
-            return local.cpu()[None]
-        parts = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(parts, local)
-        return torch.stack(parts).cpu()
-
-    def _save_last(self) -> Path:
-        """Write last.pt from rank 0 (called by every rank: gathers the epoch's loss sums);
-        with ``train.keep_checkpoints = K`` through ``epoch{E}_step{S}.pt``, keeping K of those."""
-        sums = self._gathered_sums()
-        last = self.out_dir / "last.pt"
-        if self.is_main:
-            state = self.state_dict(epoch_sums=sums)
-            keep = self.cfg.train.keep_checkpoints
-            if keep:
-                named = save_atomic(state, self.out_dir / f"epoch{self.epoch:03d}_step{self.step:06d}.pt")
-                link_atomic(named, last)
-                for old in sorted(self.out_dir.glob("epoch*_step*.pt"))[:-keep]:
-                    old.unlink(missing_ok=True)
-            else:
-                save_atomic(state, last)
-        self._last_save = time.monotonic()
-        return last
-
-    def load_state_dict(self, state: Dict) -> None:
-        """Restore what :meth:`state_dict` returned: model, optimizer, scheduler, scaler, epoch,
-        step, the epoch's loss sums, best, history and RNG states (the loss and data may differ:
-        the demo starts every recipe from one shared warm-up epoch this way)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.epoch, self.best = int(state["epoch"]), float(state["best"])
-        self.step = int(state.get("step", 0))
-        self._epoch_time = float(state.get("epoch_time", 0.0))
-        sums = state.get("epoch_sums")
-        if sums is None:
-            self._epoch_sums = None
-        elif sums.shape[0] == self.world_size:
-            self._epoch_sums = sums[self.rank].clone().to(self.device)
-        else:   # another world size: rank 0 carries the total (the epoch's mean loss is the same)
-            self._epoch_sums = (sums.sum(0) if self.is_main else torch.zeros_like(sums[0])).to(self.device)
-        self.history = copy.deepcopy(list(state["history"]))
-        set_rng_state(state["rng"], self.device)
-        if self.memory is not None:   # a checkpoint without one (memory off then): start empty
-            self.memory = CrossBatchMemory(self.memory.capacity)
-            if state.get("memory") is not None:
-                try:
-                    self.memory.load_state_dict(state["memory"])
-                except ValueError as err:
-                    raise CheckpointError(f"{self.resumed_from or 'the checkpoint'}: {err}") from None
-
-    def _restore(self, ckpt: Dict) -> None:
-        if int(ckpt.get("step", 0)):   # inside an epoch: the data order must be the same
-            saved = ckpt["config"]["train"]
-            diff = [f"train.{k} {saved[k]!r} -> {getattr(self.cfg.train, k)!r}" for k in _ORDER_KEYS
-                    if saved.get(k) != getattr(self.cfg.train, k)]
-            if ckpt.get("n_train") != len(self.train_ds):
-                diff.append(f"training captions {ckpt.get('n_train')} -> {len(self.train_ds)}")
-            if diff:
-                raise CheckpointError(f"{self.resumed_from} stopped inside an epoch; resuming it needs the "
-                                      f"same data order, but {', '.join(diff)}")
-        self.load_state_dict(ckpt)
-        at = f"epoch {self.epoch + 1}, step {self.step}" if self.step else f"the end of epoch {self.epoch}"
-        self.log(f"resumed from {self.resumed_from} at {at}")
-
-    def _append_metrics(self, record: Dict) -> None:
-        with (self.out_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def evaluate_checkpoint(checkpoint, data: Optional[str] = None, split: Optional[str] = None,
-                        relevance: Optional[str] = None, rerank=False, device: str = "auto",
-                        graded: bool = True, cs_k: Optional[Sequence[int]] = None) -> Dict[str, float]:
-    """``fastrank eval``: the metrics of a trainer checkpoint on a split.
-
-    data / split: the precomp root and split (default: the checkpoint's data.path and
-    data.eval_split; "demo" regenerates the demo data). relevance: "sbert" / "tfidf" / "none"
-    (default: the checkpoint's relevance.source; "none" = no graded metrics). rerank: also
-    the fast re-ranked metrics, keys prefixed ``rerank_``. Returns the flat metric dict of
-    ``fastrank.metrics.evaluate``.
-    """
-    from ..metrics.evaluate import evaluate
-    ckpt = load_checkpoint(checkpoint, format=CHECKPOINT_FORMAT)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
-    model, cfg, _ = model_from_checkpoint(ckpt, dev)
-    dc = copy.deepcopy(cfg.data)
-    if data is not None:
-        dc.path = data
-    if split is not None:
-        dc.eval_split = split
-    if dc.path in ("demo", "demo_pixels"):
-        ds = load_datasets(dc)[1]
-    else:
-        ds = PrecompDataset(dc.path, dc.eval_split, dc.captions_per_image)
-    source = relevance or cfg.relevance.source
-    rel = None
-    if graded and source != "none":
-        rc = cfg.relevance
-        rel = CaptionRelevance.from_dataset(ds, source, rc.model, rc.cache_dir).full()
-    amp = dev.type == "cuda" and cfg.train.amp
-    with torch.no_grad(), (torch.autocast("cuda", dtype=torch.float16) if amp else nullcontext()):
-        img = model.encode_images(ds.images, batch_size=cfg.eval.batch_size)
-        txt = model.encode_texts(ds.captions, batch_size=cfg.eval.batch_size)
-    sim = VSE.similarity(img.float(), txt.float())
-    ks, cs = tuple(cfg.eval.ks), tuple(cs_k if cs_k is not None else cfg.eval.cs_k)
-    c2i = ds.caption_to_image.to(sim.device)
-    rel = rel.to(sim.device) if rel is not None else None
-    out = {k: float(v) for k, v in evaluate(sim, c2i, rel, ks=ks, cs_k=cs).items()}
-    if rerank:
-        rr = evaluate(sim, c2i, rel, ks=ks, cs_k=cs, rerank=rerank)
-        out.update({f"rerank_{k}": float(v) for k, v in rr.items()})
-    return out

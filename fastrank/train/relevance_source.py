@@ -85,6 +85,13 @@ class CaptionRelevance:
             return None
         return cls(emb, dataset.image_captions, dataset.caption_to_image, device)
 
+    @classmethod
+    def from_config(cls, dataset, relevance_cfg, source: Optional[str] = None) -> Optional["CaptionRelevance"]:
+        """:meth:`from_dataset` with a :class:`~fastrank.train.config.RelevanceConfig`'s source
+        (or ``source`` instead), model and cache directory; None for "none"."""
+        rc = relevance_cfg
+        return cls.from_dataset(dataset, source or rc.source, rc.model, rc.cache_dir)
+
     @property
     def device(self) -> torch.device:
         return self.emb.device
