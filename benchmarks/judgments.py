@@ -12,7 +12,8 @@ so ``pip install --no-deps gensim`` is enough):
 - **SimLex-999** (``simlex999.txt``): 999 word pairs with the mean human similarity score
   in [0, 10] (Hill, Reichart and Korhonen, 2015), scaled here to [0, 1]: a pairs-only set,
   a word's list holds only the words it was rated against (unrated pairs are no list
-  entry, not relevance 0).
+  entry, not relevance 0). The file rates one pair twice (strange / sly: 1.97 and 2.07);
+  both ratings are kept, as the file has them.
 
 A split puts each item (document, word) in one of two halves by a seeded permutation;
 training sees only the pairs inside the train half, evaluation only those inside the test
