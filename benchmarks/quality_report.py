@@ -9,8 +9,9 @@ Used by tables.py, plots.py and report.py for payloads whose report says
          ref=ST CoSENTLoss; columns=ndcg, tau, spearman, spearman:diff, time -->
 
 Column tokens: ``ndcg`` (NDCG@10), ``tau`` (mean per-list Kendall tau-b), ``spearman``
-(over all test pairs), ``<metric>:diff`` (paired difference against ``ref``, by default
-sentence-transformers' CoSENTLoss, or LambdaLoss for cross-encoder rows), ``time`` (median
+(over all test pairs), ``<metric>:diff`` (paired difference, split by split, against the row
+``ref`` of the same data set: by default sentence-transformers' CoSENTLoss, or LambdaLoss for
+cross-encoder rows), ``<metric>:diff:<row>`` (against that row), ``time`` (median
 wall seconds per split, training and evaluation). ``token as Label`` names a column.
 """
 from __future__ import annotations
@@ -39,31 +40,58 @@ def _pm(ms: dict, signed: bool = False) -> str:
     return mean if ms.get("n", 0) < 2 else f"{mean} ± {ms['std']:.3f}"
 
 
-def _cell(rec: dict, token: str, ref: str) -> str:
+def _mean_std(xs: List[float]) -> dict:
+    if not xs:
+        return {}
+    mean = sum(xs) / len(xs)
+    std = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return {"mean": mean, "std": std, "n": len(xs)}
+
+
+def paired_diff(rec: dict, other: dict, key: str) -> dict:
+    """Mean and std over the splits both measured of ``rec``'s metric minus ``other``'s."""
+    theirs = {s["split"]: s.get(key) for s in other["quality"]["per_split"]}
+    return _mean_std([s[key] - theirs[s["split"]] for s in rec["quality"]["per_split"]
+                      if s.get(key) is not None and theirs.get(s["split"]) is not None])
+
+
+def _parse(token: str, ref: str):
+    """(metric name, kind, reference) of a column token: ``ndcg``, ``ndcg:diff``, ``ndcg:diff:REF``."""
+    name, _, rest = token.partition(":")
+    kind, _, own = rest.partition(":")
+    return name, kind, (own.strip() or ref)
+
+
+def _cell(rec: dict, token: str, ref: str, peers: dict) -> str:
     if rec["status"] != "ok":
         return "skip" if token == DEFAULT_COLUMNS[0] else ""
     q = rec["quality"]
     if token == "time":
         return f"{rec['time']['median_s']:.0f} s" if rec["time"]["median_s"] >= 10 else \
             f"{rec['time']['median_s']:.2g} s"
-    name, _, kind = token.partition(":")
+    name, kind, ref = _parse(token, ref)
     key = METRIC[name][0]
     if kind == "diff":
         if rec["impl"] == ref:
             return "(reference)"
-        return _pm((q.get("diff") or {}).get(ref, {}).get(key), signed=True)
+        other = peers.get((rec["op_dataset"], ref))
+        return _pm(paired_diff(rec, other, key), signed=True) if other else "n/a"
     return _pm(q["mean_std"][key])
 
 
 def _label(token: str, ref: str) -> str:
     if token == "time":
         return "time / split"
-    name, _, kind = token.partition(":")
+    name, kind, ref = _parse(token, ref)
     return f"Δ {METRIC[name][1]} vs {ref.replace('ST ', '')}" if kind == "diff" else METRIC[name][1]
 
 
-def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optional[str] = None) -> str:
-    """One table: a row per loss of ``records`` (one op: a data set and a model kind)."""
+def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optional[str] = None,
+          peers: Optional[List[dict]] = None) -> str:
+    """One table: a row per loss of ``records`` (one op: a data set and a model kind); a
+    difference is taken against the row ``ref`` of the same data set among ``peers`` (all
+    the result's records; default ``records``)."""
+    by = {(r["op_dataset"], r["impl"]): r for r in (peers or records) if r["status"] == "ok"}
     columns = columns or DEFAULT_COLUMNS
     ops = list(OrderedDict.fromkeys(r["op"] for r in records))
     show_op = len(ops) > 1
@@ -77,7 +105,7 @@ def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optiona
     for r in records:
         rf = reference(r["op"], ref)
         lines.append("| " + " | ".join(([r["op"]] if show_op else []) + [r["impl"]]
-                                       + [_cell(r, token, rf) for token, _ in cols]) + " |")
+                                       + [_cell(r, token, rf, by) for token, _ in cols]) + " |")
     return "\n".join(lines)
 
 
@@ -101,7 +129,7 @@ def markdown(payload: dict, provenance: str) -> str:
         lines.append(f"- {line}")
     lines.append("")
     for op in OrderedDict.fromkeys(r["op"] for r in payload["results"]):
-        lines += [f"### {op}", "", table(select(payload, [op])), ""]
+        lines += [f"### {op}", "", table(select(payload, [op]), peers=payload["results"]), ""]
     skipped = [r for r in payload["results"] if r["status"] != "ok"]
     if skipped:
         lines += [f"Skipped: {skipped[0]['reason']}", ""]

@@ -75,7 +75,7 @@ def render_block(spec: dict, base: Path) -> str:
         if not recs:
             raise ValueError(f"{spec['file']}: no record matches {spec}")
         return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
-                + quality_report.table(recs, _csv(spec["columns"]), spec.get("ref")) + "\n")
+                + quality_report.table(recs, _csv(spec["columns"]), spec.get("ref"), payload["results"]) + "\n")
     recs = tables.select(payload["results"], ops=_csv(spec.get("ops")), modes=_csv(spec.get("modes")),
                          max_n=_num(spec.get("max_n")), min_n=_num(spec.get("min_n")))
     if not recs:
