@@ -36,6 +36,9 @@ def _rows(payload: dict):
 
 def plot(payload: dict, path: Path) -> Optional[Path]:
     """Write the PNG; None (and no file) when there is nothing to draw."""
+    from . import quality_report
+    if quality_report.is_quality(payload):
+        return quality_report.plot(payload, path)
     rows = _rows(payload)
     if not rows:
         return None

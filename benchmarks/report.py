@@ -13,7 +13,8 @@
 
   The path is relative to the markdown file. Keys: ``columns`` (tables.py's tokens),
   ``ops``, ``modes``, ``max_n``, ``min_n``, ``row_label`` and ``op_label`` (the size and
-  op columns' titles).
+  op columns' titles); ``layout=quality`` (with ``ref``) for a training-quality result
+  (quality_report.py).
 
 ``--check`` writes nothing and exits 1 when a markdown file (a result's ``.md`` or a
 README or docs/ table) is not what its JSON gives (tests/test_benchmarks.py checks the README and docs/).
@@ -26,7 +27,7 @@ import re
 from pathlib import Path
 from typing import List
 
-from . import plots, tables
+from . import plots, quality_report, tables
 from .results import load
 
 MARKER = re.compile(r"(<!-- benchmarks table:(?P<spec>.*?)-->\n)(?P<body>.*?)(<!-- end benchmarks table -->)",
@@ -68,11 +69,17 @@ def parse_spec(spec: str) -> dict:
 def render_block(spec: dict, base: Path) -> str:
     path = (base / spec["file"]).resolve()
     payload = load(path)
+    rel = os.path.relpath(path, base)
+    if spec.get("layout") == "quality":   # quality_report.py: a row per loss
+        recs = quality_report.select(payload, _csv(spec.get("ops")))
+        if not recs:
+            raise ValueError(f"{spec['file']}: no record matches {spec}")
+        return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
+                + quality_report.table(recs, _csv(spec["columns"]), spec.get("ref"), payload["results"]) + "\n")
     recs = tables.select(payload["results"], ops=_csv(spec.get("ops")), modes=_csv(spec.get("modes")),
                          max_n=_num(spec.get("max_n")), min_n=_num(spec.get("min_n")))
     if not recs:
         raise ValueError(f"{spec['file']}: no record matches {spec}")
-    rel = os.path.relpath(path, base)
     return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
             + tables.table(recs, _csv(spec["columns"]), spec.get("row_label"), spec.get("op_label")) + "\n")
 

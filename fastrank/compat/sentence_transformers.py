@@ -79,6 +79,7 @@ from .. import _validation as V
 from ..ops.kendall_sw import kendall_sw_loss
 from ..ops.smooth_ap import smooth_ap_loss
 from ..ops.smooth_ndcg import smooth_ndcg_loss
+from .cross_encoder import CrossEncoderKendallSWLoss, CrossEncoderSmoothNDCGLoss
 
 MIN_VERSION = (3, 0)
 MIN_CACHED_VERSION = (5, 7)
@@ -121,7 +122,7 @@ CachedLossMixin = _find_cached_loss_mixin()
 
 __all__ = ["SmoothNDCGLoss", "SmoothAPLoss", "KendallSWLoss", "InBatchListwiseLoss",
            "CachedSmoothNDCGLoss", "CachedSmoothAPLoss", "CachedKendallSWLoss", "CachedInBatchListwiseLoss",
-           "LISTWISE_LOSSES"]
+           "LISTWISE_LOSSES", "CrossEncoderSmoothNDCGLoss", "CrossEncoderKendallSWLoss"]
 
 
 # ---------------------------------------------------------------------------- the batch

@@ -1,0 +1,184 @@
+"""The tables and the picture of a training-quality result (cases/quality.py): a row per loss,
+the ranking metrics on the held-out halves (mean ± std over the splits) and the paired
+difference against a reference loss.
+
+Used by tables.py, plots.py and report.py for payloads whose report says
+``"layout": "quality"``. A docs marker selects it with ``layout=quality``::
+
+    <!-- benchmarks table: ../benchmarks/results/X.json; layout=quality; ops=Lee bi-encoder;
+         ref=ST CoSENTLoss; columns=ndcg, tau, spearman, spearman:diff, time -->
+
+Column tokens: ``ndcg`` (NDCG@10), ``tau`` (mean per-list Kendall tau-b), ``spearman``
+(over all test pairs), ``<metric>:diff`` (paired difference, split by split, against the row
+``ref`` of the same data set: by default sentence-transformers' CoSENTLoss, or LambdaLoss for
+cross-encoder rows), ``<metric>:diff:<row>`` (against that row), ``time`` (median
+wall seconds per split, training and evaluation). ``token as Label`` names a column.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import List, Optional
+
+METRIC = {"ndcg": ("ndcg@10", "NDCG@10"), "tau": ("kendall_tau_b", "Kendall τ-b"),
+          "spearman": ("spearman", "Spearman ρ")}
+DEFAULT_COLUMNS = ["ndcg", "tau", "spearman", "ndcg:diff", "tau:diff", "spearman:diff", "time"]
+
+
+def is_quality(payload: dict) -> bool:
+    return (payload.get("report") or {}).get("layout") == "quality"
+
+
+def reference(op: str, ref: Optional[str] = None) -> str:
+    return ref or ("ST LambdaLoss" if "cross-encoder" in op else "ST CoSENTLoss")
+
+
+def _pm(ms: dict, signed: bool = False) -> str:
+    if not ms or ms.get("mean") is None:
+        return "n/a"
+    mean = f"{ms['mean']:+.3f}" if signed else f"{ms['mean']:.3f}"
+    return mean if ms.get("n", 0) < 2 else f"{mean} ± {ms['std']:.3f}"
+
+
+def _mean_std(xs: List[float]) -> dict:
+    if not xs:
+        return {}
+    mean = sum(xs) / len(xs)
+    std = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return {"mean": mean, "std": std, "n": len(xs)}
+
+
+def paired_diff(rec: dict, other: dict, key: str) -> dict:
+    """Mean and std over the splits both measured of ``rec``'s metric minus ``other``'s."""
+    theirs = {s["split"]: s.get(key) for s in other["quality"]["per_split"]}
+    return _mean_std([s[key] - theirs[s["split"]] for s in rec["quality"]["per_split"]
+                      if s.get(key) is not None and theirs.get(s["split"]) is not None])
+
+
+def _parse(token: str, ref: str):
+    """(metric name, kind, reference) of a column token: ``ndcg``, ``ndcg:diff``, ``ndcg:diff:REF``."""
+    name, _, rest = token.partition(":")
+    kind, _, own = rest.partition(":")
+    return name, kind, (own.strip() or ref)
+
+
+def _cell(rec: dict, token: str, ref: str, peers: dict) -> str:
+    if rec["status"] != "ok":
+        return "skip" if token == DEFAULT_COLUMNS[0] else ""
+    q = rec["quality"]
+    if token == "time":
+        return f"{rec['time']['median_s']:.0f} s" if rec["time"]["median_s"] >= 10 else \
+            f"{rec['time']['median_s']:.2g} s"
+    name, kind, ref = _parse(token, ref)
+    key = METRIC[name][0]
+    if kind == "diff":
+        if rec["impl"] == ref:
+            return "(reference)"
+        other = peers.get((rec["op_dataset"], ref))
+        return _pm(paired_diff(rec, other, key), signed=True) if other else "n/a"
+    return _pm(q["mean_std"][key])
+
+
+def _label(token: str, ref: str) -> str:
+    if token == "time":
+        return "time / split"
+    name, kind, ref = _parse(token, ref)
+    return f"Δ {METRIC[name][1]} vs {ref.replace('ST ', '')}" if kind == "diff" else METRIC[name][1]
+
+
+def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optional[str] = None,
+          peers: Optional[List[dict]] = None) -> str:
+    """One table: a row per loss of ``records`` (one op: a data set and a model kind); a
+    difference is taken against the row ``ref`` of the same data set among ``peers`` (all
+    the result's records; default ``records``)."""
+    by = {(r["op_dataset"], r["impl"]): r for r in (peers or records) if r["status"] == "ok"}
+    columns = columns or DEFAULT_COLUMNS
+    ops = list(OrderedDict.fromkeys(r["op"] for r in records))
+    show_op = len(ops) > 1
+    cols = []
+    for c in columns:
+        token, _, label = (t.strip() for t in c.partition(" as "))
+        cols.append((token, label))
+    head = (["data, model"] if show_op else []) + ["loss"] + [
+        label or _label(token, reference(ops[0], ref)) for token, label in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in records:
+        rf = reference(r["op"], ref)
+        lines.append("| " + " | ".join(([r["op"]] if show_op else []) + [r["impl"]]
+                                       + [_cell(r, token, rf, by) for token, _ in cols]) + " |")
+    return "\n".join(lines)
+
+
+def select(payload: dict, ops: Optional[List[str]] = None) -> List[dict]:
+    return [r for r in payload["results"] if ops is None or r["op"] in ops]
+
+
+def markdown(payload: dict, provenance: str) -> str:
+    """The ``.md`` of a quality result: how it was run (``provenance``: tables.provenance's
+    line), then a table per data set and model kind."""
+    m = payload["machine"]
+    lines = [f"# {payload['case']}: {payload['device']}, {payload['created'][:10]}", "", f"- {provenance}"]
+    if not payload.get("complete", True):
+        lines.append("- PARTIAL: written while the run was going on (it was cut or is still running)")
+    la0, la1 = m.get("loadavg_start"), payload.get("loadavg_end")
+    if la0:
+        lines.append(f"- load average (1, 5, 15 min) at start {la0[0]:.2f}, {la0[1]:.2f}, {la0[2]:.2f}"
+                     + (f"; at end {la1[0]:.2f}, {la1[1]:.2f}, {la1[2]:.2f}" if la1 else "")
+                     + f"; wall time {payload.get('elapsed_s', 0) / 60:.1f} min")
+    for line in (payload.get("report") or {}).get("method") or []:
+        lines.append(f"- {line}")
+    lines.append("")
+    for op in OrderedDict.fromkeys(r["op"] for r in payload["results"]):
+        lines += [f"### {op}", "", table(select(payload, [op]), peers=payload["results"]), ""]
+    skipped = [r for r in payload["results"] if r["status"] != "ok"]
+    if skipped:
+        lines += [f"Skipped: {skipped[0]['reason']}", ""]
+    return "\n".join(lines)
+
+
+def plot(payload: dict, path: Path) -> Optional[Path]:
+    """Per data set and model kind: NDCG@10 and Spearman of every loss, mean ± std over the
+    splits (bars), the reference loss's mean dashed. None when nothing was measured."""
+    ops = [op for op in OrderedDict.fromkeys(r["op"] for r in payload["results"])
+           if any(r["status"] == "ok" and r["op"] == op for r in payload["results"])]
+    if not ops:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(ops), 2, figsize=(12, 3.2 * len(ops)), squeeze=False)
+    for row, op in enumerate(ops):
+        recs = [r for r in select(payload, [op]) if r["status"] == "ok"]
+        ref = reference(op)
+        for ax, key, title in ((axes[row][0], "ndcg@10", "NDCG@10"), (axes[row][1], "spearman", "Spearman ρ")):
+            ms = [r["quality"]["mean_std"][key] for r in recs]
+            ok = [(r["impl"], s) for r, s in zip(recs, ms) if s.get("mean") is not None]
+            if not ok:
+                ax.set_visible(False)
+                continue
+            names = [n for n, _ in ok]
+            means = [s["mean"] for _, s in ok]
+            stds = [s["std"] or 0.0 for _, s in ok]
+            colors = ["C0" if n.startswith(("fastrank", "CoSENT +")) else "C7" if n == "zero-shot" else "C1"
+                      for n in names]
+            ax.barh(range(len(names)), means, xerr=stds, color=colors, capsize=3)
+            ax.set_yticks(range(len(names)))
+            ax.set_yticklabels(names, fontsize=7)
+            ax.invert_yaxis()
+            lo = min(m - s for m, s in zip(means, stds))
+            hi = max(m + s for m, s in zip(means, stds))
+            pad = max(0.02, 0.1 * (hi - lo))
+            ax.set_xlim(lo - pad, hi + pad)
+            refm = next((s["mean"] for n, s in ok if n == ref), None)
+            if refm is not None:
+                ax.axvline(refm, color="k", linestyle="--", linewidth=1)
+            ax.set_title(f"{op}: {title}", fontsize=8)
+            ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(f"quality, {payload['config'].get('setting', '')} setting: mean ± std over the splits; blue: "
+                 f"fastrank, orange: sentence-transformers, grey: zero-shot; dashed: the reference loss "
+                 f"(CoSENT, LambdaLoss)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
