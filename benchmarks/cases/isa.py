@@ -60,7 +60,7 @@ for name in args["ops"]:
         inputs = op.inputs(size, torch.device("cpu"), torch.float32, True)
         step = _step(_scalar(op, op.impls["native"]()), inputs)
         r = autorange(step, torch.device("cpu"), 0.05, args["samples"], min_samples=3, case_s=args["case_s"])
-        out["times"][f"{name}/{n}"] = r["time"]["median"]
+        out["times"][f"{name}/{n}"] = r["time"]["median_s"]
 print(json.dumps(out))
 """
 
@@ -118,7 +118,7 @@ def run(args, device, save):
             counts = OPS[name].floor("forward+backward", {"n": n, "m": n}, 4) if OPS[name].floor else None
             floor = counts["exp"] / rate if counts and counts.get("exp") else None
             med = {col: statistics.median(t[key] for t in runs[col]) for col in runs}
-            records.append({"op": name, "n": n, "mode": "forward+backward", "threads": threads, "times_s": med,
+            records.append({"op": name, "impl": "native", "status": "ok", "n": n, "mode": "forward+backward", "threads": threads, "times_s": med,
                             "rounds": {col: [t[key] for t in runs[col]] for col in runs},
                             "exp_floor_s": floor, "best_level": best,
                             "best_over_native": med[best] / med["native"],
