@@ -5,6 +5,8 @@
 #   make test-fast  the suite without the slow and the emulated-CUDA tests
 #   make lint       ruff check . (ruff installed into .venv when missing; .ci/run calls it)
 #   make docs       the docs site into site/ (mkdocs build --strict; .ci/run calls it too)
+#   make wheel      dist/fastrank-*-manylinux_*.whl: the wheel users install (.ci/run tests it
+#                   installed, in a fresh venv without a compiler: make test-wheel)
 # A CPU build of torch 2.13.0 is installed into the venv only when it has no torch;
 # pip is never allowed to swap that torch for another (constraint file).
 
@@ -16,7 +18,7 @@ STAMP  := $(VENV)/.fastrank-installed
 SOURCES := $(shell find csrc fastrank -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
            pyproject.toml setup.py CMakeLists.txt
 
-.PHONY: install test test-fast lint demo bench docs clean
+.PHONY: install test test-fast lint demo bench docs wheel test-wheel clean
 
 install: $(STAMP)
 
@@ -56,16 +58,41 @@ bench: install
 # The docs need no build of fastrank (the API pages are read from the source by griffe):
 # only the `docs` extra of pyproject.toml is installed.
 DOCS_STAMP := $(VENV)/.fastrank-docs-installed
-DOCS_REQS  := import re; line = re.search(r"^docs = \[(.*)\]$$", open("pyproject.toml").read(), re.M).group(1); \
-              print("\n".join(x.strip().strip(chr(34)) for x in line.split(",")))
+# the requirements of one extra of pyproject.toml, one a line
+EXTRA_REQS = import re; line = re.search(r"^$(1) = \[(.*)\]$$", open("pyproject.toml").read(), re.M).group(1); \
+             print("\n".join(x.strip().strip(chr(34)) for x in line.split(",")))
 
 $(DOCS_STAMP): $(VENV)/bin/python pyproject.toml
-	$(PY) -c '$(DOCS_REQS)' > $(VENV)/docs-requirements.txt
+	$(PY) -c '$(call EXTRA_REQS,docs)' > $(VENV)/docs-requirements.txt
 	$(PY) -m pip install -q -r $(VENV)/docs-requirements.txt
 	@touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
+# The wheel a user receives: `pip wheel .` (every CPU level, picked at import; the CUDA module
+# when nvcc is found), then auditwheel gives it a manylinux tag and grafts any library outside
+# that policy, except libgomp: the module uses the OpenMP runtime torch has already loaded
+# (docs/developing.md, "Wheels"). Only the `wheel` extra is installed, not fastrank.
+WHEEL_STAMP := $(VENV)/.fastrank-wheel-tools
+
+$(WHEEL_STAMP): $(VENV)/bin/python pyproject.toml
+	$(PY) -c '$(call EXTRA_REQS,wheel)' > $(VENV)/wheel-requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/wheel-requirements.txt
+	@touch $(WHEEL_STAMP)
+
+wheel: $(WHEEL_STAMP)
+	rm -rf dist/raw && mkdir -p dist
+	rm -f dist/fastrank-*.whl
+	$(PY) -m pip wheel . --no-deps -w dist/raw
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --exclude libgomp.so.1 -w dist dist/raw/fastrank-*.whl
+	rm -rf dist/raw
+	@ls dist/fastrank-*.whl
+
+# The wheel installed as a user installs it, tested: .ci/test-wheel (a fresh venv, no compiler
+# on PATH, the source tree not importable, each CPU level forced in turn for the native ops).
+test-wheel: wheel
+	.ci/test-wheel dist/fastrank-*.whl
+
 clean:
-	rm -rf build $(VENV) fastrank/_C_*.so demo_results site
+	rm -rf build dist $(VENV) fastrank/_C_*.so demo_results site

@@ -5,8 +5,10 @@ Environment:
   FASTRANK_CUDA=0|1        force the CUDA module off / on (on without nvcc is an error);
                            unset: built when nvcc is found.
   FASTRANK_CUDA_ARCHS      CUDA architectures, default "80;86;89;90" (+ PTX of the last).
-  FASTRANK_CPU_NATIVE=0|1  compile the CPU kernels for this machine's CPU (-march=native),
-                           default 1; set 0 for a portable binary.
+  FASTRANK_CPU_NATIVE=0|1  default 0: the CPU kernels compiled for every instruction-set level
+                           of the architecture (x86-64: baseline, avx2, avx512), one picked at
+                           import from the CPU's features (a portable binary); 1: for this
+                           machine's CPU alone (-march=native, level "native").
   FASTRANK_BUILD_TYPE      CMake build type, default Release.
 """
 import os
@@ -46,6 +48,13 @@ def cuda_setting():
     return nvcc
 
 
+def cpu_native_setting() -> bool:
+    flag = os.environ.get("FASTRANK_CPU_NATIVE", "").strip()
+    if flag not in ("", "0", "1"):
+        raise RuntimeError(f"FASTRANK_CPU_NATIVE must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
 MODULES = ("_C_cpu", "_C_cuda")
 
 
@@ -58,8 +67,8 @@ def cmake_build_dir(native: bool, build_type: str) -> Path:
     nothing that was built before.
     """
     name = f"cmake-{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
-    if not native:
-        name += "-portable"
+    if native:
+        name += "-native"
     if build_type != "Release":
         name += "-" + build_type.lower()
     return ROOT / "build" / name
@@ -143,7 +152,7 @@ class CMakeBuild(build_ext):
     def build_extension(self, ext):
         import pybind11
 
-        native = os.environ.get("FASTRANK_CPU_NATIVE", "1").strip() != "0"
+        native = cpu_native_setting()
         build_type = os.environ.get("FASTRANK_BUILD_TYPE", "Release")
         build_dir = cmake_build_dir(native, build_type)
         module_dir = build_dir / "modules"

@@ -222,6 +222,9 @@ def markdown(payload: dict) -> str:
     if ceil:
         lines += ["### ceilings (ceilings.py)", "", ceilings_table(ceil), ""]
     notes = rep.get("notes") or {}
+    if rep.get("table"):   # a case that renders its own table (cases/isa.py)
+        lines += rep["table"] + [""]
+        recs = []
     for op in OrderedDict.fromkeys(r["op"] for r in recs):
         for mode in MODES + tuple(sorted({r["mode"] for r in recs} - set(MODES))):
             rs = [r for r in recs if r["op"] == op and r["mode"] == mode]

@@ -2,7 +2,10 @@
 
 fastrank ships two extension modules built by CMake (see CMakeLists.txt):
 
-- ``fastrank._C_cpu``: C++17 + OpenMP kernels, always built;
+- ``fastrank._C_cpu``: C++17 + OpenMP kernels, always built, once per instruction-set
+  level (x86-64: ``baseline``, ``avx2`` = x86-64-v3, ``avx512`` = x86-64-v4; elsewhere
+  ``baseline``; a ``FASTRANK_CPU_NATIVE=1`` build: ``native`` alone). The best level this
+  CPU runs is picked once, here at import; ``FASTRANK_CPU_ISA=<level>`` forces one;
 - ``fastrank._C_cuda``: CUDA kernels, built when nvcc is found.
 
 Neither links libtorch: kernels take raw pointers, sizes, strides and a stream, and
@@ -13,8 +16,9 @@ fails because of it.
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
 
@@ -26,6 +30,10 @@ _warned = set()
 _emulated_cuda = None  # see emulate_cuda
 
 
+CPU_ISA_VARIABLE = "FASTRANK_CPU_ISA"
+_cpu_levels: Dict[str, object] = {}  # "level": the level in use; "runnable": the levels this CPU runs
+
+
 def _load(name: str):
     if name in _modules:
         return _modules[name]
@@ -33,11 +41,48 @@ def _load(name: str):
         return None
     try:
         mod = importlib.import_module(f"fastrank.{name}")
+        if name == "_C_cpu":
+            mod = _cpu_kernels(mod)
+    except CpuIsaError:
+        raise
     except Exception as e:  # ImportError, OSError from a broken .so, ...
         _errors[name] = f"{type(e).__name__}: {e}"
         return None
     _modules[name] = mod
     return mod
+
+
+class CpuIsaError(RuntimeError):
+    """FASTRANK_CPU_ISA names a level that this build lacks or this CPU cannot run."""
+
+
+def pick_cpu_level(compiled: List[str], runnable: List[str], forced: Optional[str]) -> str:
+    """The CPU level to use: ``forced`` (the value of FASTRANK_CPU_ISA) when set, else the
+    highest level this CPU runs (``compiled`` and ``runnable`` are lowest first)."""
+    forced = (forced or "").strip()
+    if not forced:
+        return runnable[-1]
+    if forced not in runnable:
+        why = "is not compiled into this build" if forced not in compiled else "cannot run on this CPU"
+        raise CpuIsaError(f"fastrank: {CPU_ISA_VARIABLE}={forced!r} {why} (compiled: {', '.join(compiled)}; "
+                          f"this CPU runs: {', '.join(runnable)}); unset {CPU_ISA_VARIABLE} to pick the best")
+    return forced
+
+
+def _cpu_kernels(dispatch):
+    """The submodule of the CPU level to use (see pick_cpu_level), from the dispatching
+    module fastrank._C_cpu."""
+    compiled = [str(x) for x in dispatch.levels()]
+    runnable = [x for x in compiled if dispatch.supported(x)]
+    level = pick_cpu_level(compiled, runnable, os.environ.get(CPU_ISA_VARIABLE))
+    _cpu_levels.update(level=level, runnable=runnable)
+    return dispatch.load(level)
+
+
+def cpu_level() -> Optional[str]:
+    """The instruction-set level of the CPU kernels in use (e.g. ``"avx512"``), or None
+    when the CPU module is not available."""
+    return _cpu_levels.get("level") if cpu_module() is not None else None
 
 
 def cpu_module():
@@ -82,7 +127,9 @@ def cuda_device_count() -> int:
 
 def backends() -> dict:
     """What was built and what can run, e.g.
-    ``{"cpu": True, "cuda_built": True, "cuda_available": False, "version": "0.2.0"}``."""
+    ``{"cpu": True, "cuda_built": True, "cuda_available": False, "version": "0.2.0"}``, and with the
+    CPU module ``cpu_isa`` (the instruction-set level in use, e.g. ``"avx512"``) and
+    ``cpu_isa_levels`` (the compiled levels this CPU runs, e.g. ``"baseline,avx2,avx512"``)."""
     cpu = cpu_module()
     cuda = cuda_module()
     info = {
@@ -94,6 +141,8 @@ def backends() -> dict:
     if cpu is not None:
         info["cpu_openmp_threads"] = int(cpu.max_threads())
         info["cpu_compiler"] = cpu.compiler()
+        info["cpu_isa"] = _cpu_levels["level"]
+        info["cpu_isa_levels"] = ",".join(_cpu_levels["runnable"])
     if cuda is not None:
         info["cuda_runtime"] = cuda.runtime_version()
         info["cuda_archs"] = cuda.archs()

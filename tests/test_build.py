@@ -13,7 +13,8 @@ process and running a native op on CPU):
 6. ``pip install --no-build-isolation .``
 
 and, separately, ``python -m build --sdist`` installed into a fresh virtualenv, and the
-portable wheel (``FASTRANK_CPU_NATIVE=0 pip wheel .``).
+default wheel (``pip wheel .``: every CPU level, the baseline one without AVX) and the
+``FASTRANK_CPU_NATIVE=1`` wheel (the ``native`` level alone).
 
 Every build here is CPU-only (FASTRANK_CUDA=0): the CUDA module is compiled by CI's own
 ``pip install .[test]`` (every .cu file, four architectures, several minutes on two cores),
@@ -36,7 +37,6 @@ import sys
 import sysconfig
 import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -129,8 +129,8 @@ native = fastrank.kendall_loss(sim, rel, impl="native")
 ref = fastrank.kendall_loss(sim, rel, impl="reference")
 torch.testing.assert_close(native, ref, rtol=1e-9, atol=1e-12)
 cpu = _native.cpu_module()
-print(json.dumps({"package": fastrank.__file__, "module": cpu.__file__,
-                  "compiler": fastrank.backends()["cpu_compiler"],
+print(json.dumps({"package": fastrank.__file__, "module": sys.modules["fastrank._C_cpu"].__file__,
+                  "compiler": fastrank.backends()["cpu_compiler"], "isa": fastrank.backends()["cpu_isa"],
                   "probe": cpu._build_probe() if hasattr(cpu, "_build_probe") else None}))
 """
 
@@ -141,11 +141,13 @@ def check_import(python: Path, cwd: Path, env: dict, label: str) -> dict:
 
 
 def kernel_objects(src: Path) -> dict:
-    """mtime of every CPU kernel object of the native (non-portable) CMake build."""
+    """mtime of every CPU kernel object of the default (dispatching) CMake build, by
+    "<level>/<kernel>.cpp.o": each kernel is compiled once per CPU level."""
     objs = {}
-    for o in src.glob("build/cmake-*/CMakeFiles/fastrank_cpu_kernels.dir/**/*.o"):
-        if "portable" not in o.parts[len(src.parts) + 1]:
-            objs[o.name] = o.stat().st_mtime_ns
+    for o in src.glob("build/cmake-*/CMakeFiles/fastrank_cpu_kernels_*.dir/**/*.o"):
+        if not o.parts[len(src.parts) + 1].endswith("-native"):
+            level = o.relative_to(src).parts[3][len("fastrank_cpu_kernels_"):-len(".dir")]
+            objs[f"{level}/{o.name}"] = o.stat().st_mtime_ns
     return objs
 
 
@@ -157,8 +159,9 @@ def set_probe(src: Path, value: int):
     probe = f'  m.def("_build_probe", [] {{ return {value}; }});  // test_build.py\n'
     text, n = re.subn(r'  m\.def\("_build_probe".*// test_build\.py\n', probe, text)
     if n == 0:
-        text, n = re.subn(r"(PYBIND11_MODULE\(_C_cpu, m\) \{\n)", lambda m: m.group(1) + probe, text)
-    assert n == 1, "PYBIND11_MODULE(_C_cpu, m) { not found in csrc/bindings/cpu.cpp"
+        text, n = re.subn(r"(void fastrank::register_kernels\(py::module_& m\) \{\n)",
+                          lambda m: m.group(1) + probe, text)
+    assert n == 1, "void fastrank::register_kernels(py::module_& m) { not found in csrc/bindings/cpu.cpp"
     path.write_text(text)
 
 
@@ -181,7 +184,9 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     assert backend_warnings(log) == []
     installed(check_import(python, tmp_path, env, "1"))
     objs1 = kernel_objects(src)
-    assert {o.split(".")[0] for o in objs1} == {k.stem for k in kernels}, objs1
+    levels = {o.split("/")[0] for o in objs1}
+    assert "baseline" in levels and (platform.machine() not in ("x86_64", "AMD64") or len(levels) == 3), objs1
+    assert {o.split("/")[1].split(".")[0] for o in objs1} == {k.stem for k in kernels}, objs1
 
     # 2. again: nothing of the kernels is recompiled
     run("2. pip install . again", [*pip, "install", "."], src, env)
@@ -195,7 +200,7 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     installed(check_import(python, tmp_path, env, "3"))
     objs3 = kernel_objects(src)
     changed = {o for o in objs3 if objs3[o] != objs1[o]}
-    assert changed == {touched.name + ".o"}, changed
+    assert changed == {f"{level}/{touched.name}.o" for level in levels}, changed
 
     # 4. editable: the checkout's package, with its modules next to the sources
     run("4. pip install -e .", [*pip, "install", "-e", "."], src, env)
@@ -217,7 +222,7 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     info = check_import(python, tmp_path, env, "5b")
     assert info["probe"] == 1 and Path(info["module"]).parent == src / "fastrank", info
     objs5 = kernel_objects(src)
-    assert {o for o in objs5 if objs5[o] != objs3[o]} == {other.name + ".o"}
+    assert {o for o in objs5 if objs5[o] != objs3[o]} == {f"{level}/{other.name}.o" for level in levels}
     set_probe(src, 2)
     run("5c. edit again, pip install -e .", [*pip, "install", "-e", "."], src, env)
     assert check_import(python, tmp_path, env, "5c")["probe"] == 2
@@ -226,11 +231,11 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     run("6. pip install --no-build-isolation .", [*pip, "install", "--no-build-isolation", "."], src, env)
     info = check_import(python, tmp_path, env, "6")
     installed(info)
-    assert info["probe"] == 2 and info["compiler"].endswith("-march=native"), info
+    assert info["probe"] == 2 and info["isa"] in levels and info["compiler"].split(", ")[1].startswith(info["isa"])
     print_timings()
 
 
-def test_sdist_and_portable_wheel(tmp_path):
+def test_sdist_and_wheels(tmp_path):
     src = copy_checkout(tmp_path / "src")
     env = build_env(tmp_path)
     tools = make_venv(tmp_path / "tools", tmp_path)
@@ -253,23 +258,32 @@ def test_sdist_and_portable_wheel(tmp_path):
     info = check_import(python, tmp_path, env, "sdist")
     assert Path(info["module"]).is_relative_to(site), info
 
-    # the portable wheel: no -march=native, and it installs and runs
-    wenv = dict(env, FASTRANK_CPU_NATIVE="0")
-    run("FASTRANK_CPU_NATIVE=0 pip wheel .", [python, "-m", "pip", "wheel", "--no-deps", "-w",
-                                              tmp_path / "wheelhouse", "."], src, wenv)
+    # the default wheel (every CPU level, picked at import) installs and runs at each level;
+    # its baseline level has no AVX instruction
+    run("pip wheel .", [python, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "wheelhouse", "."], src, env)
     (wheel,) = (tmp_path / "wheelhouse").glob("fastrank-*.whl")
-    if platform.machine() in ("x86_64", "AMD64") and shutil.which("objdump"):
-        # baseline x86-64: no AVX (ymm / zmm registers) anywhere in the CPU module
-        with zipfile.ZipFile(wheel) as zf:
-            (so,) = [n for n in zf.namelist() if "/_C_cpu" in n]
-            (tmp_path / "portable.so").write_bytes(zf.read(so))
-        dis = subprocess.run(["objdump", "-d", str(tmp_path / "portable.so")], check=True,
-                             capture_output=True, text=True).stdout
-        assert not re.search(r"%[yz]mm", dis), "the portable CPU module uses AVX registers"
-    run("portable wheel: pip install", [python, "-m", "pip", "install", "--no-deps", "--force-reinstall", wheel],
+    run("wheel: pip install", [python, "-m", "pip", "install", "--no-deps", "--force-reinstall", wheel],
         tmp_path, env)
-    info = check_import(python, tmp_path, env, "portable wheel")
-    assert info["compiler"].endswith("portable"), info
+    info = check_import(python, tmp_path, env, "wheel")
+    assert Path(info["module"]).is_relative_to(site), info
+    levels = ["baseline", "avx2", "avx512"] if platform.machine() in ("x86_64", "AMD64") else ["baseline"]
+    for level in levels[:levels.index(info["isa"]) + 1]:
+        forced = check_import(python, tmp_path, dict(env, FASTRANK_CPU_ISA=level), f"wheel, {level}")
+        assert forced["isa"] == level and forced["compiler"].split(", ")[1].startswith(level + ":"), forced
+    if platform.machine() in ("x86_64", "AMD64") and shutil.which("objdump"):
+        (baseline,) = src.glob("build/cmake-*/fastrank_cpu_baseline.o")
+        dis = subprocess.run(["objdump", "-d", str(baseline)], check=True, capture_output=True, text=True).stdout
+        assert not re.search(r"%[yz]mm", dis), "the baseline CPU level uses AVX registers"
+
+    # -march=native on request: one level, "native"
+    nenv = dict(env, FASTRANK_CPU_NATIVE="1")
+    run("FASTRANK_CPU_NATIVE=1 pip wheel .", [python, "-m", "pip", "wheel", "--no-deps", "-w",
+                                              tmp_path / "native", "."], src, nenv)
+    (wheel,) = (tmp_path / "native").glob("fastrank-*.whl")
+    run("native wheel: pip install", [python, "-m", "pip", "install", "--no-deps", "--force-reinstall", wheel],
+        tmp_path, env)
+    info = check_import(python, tmp_path, env, "native wheel")
+    assert info["isa"] == "native" and info["compiler"].endswith("native: -march=native"), info
     print_timings()
 
 

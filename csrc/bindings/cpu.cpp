@@ -1,4 +1,8 @@
-// pybind11 bindings of the CPU kernels: fastrank._C_cpu.
+// pybind11 bindings of the CPU kernels: the functions of one CPU level's submodule of
+// fastrank._C_cpu (e.g. fastrank._C_cpu.avx2). CMakeLists.txt compiles this file once per
+// instruction-set level with -Dfastrank=fastrank_<level>, next to that level's kernels;
+// csrc/bindings/cpu_dispatch.cpp is the module itself and calls register_kernels of the
+// level it picked.
 //
 // Thin by design: every argument is a pointer (as an integer from Tensor.data_ptr()),
 // a size, an element stride, a dtype code or a hyper-parameter. Python (fastrank/ops/)
@@ -28,7 +32,11 @@ using i64 = std::int64_t;
 
 template <typename P> static P* as(ptr p) { return reinterpret_cast<P*>(p); }
 
-PYBIND11_MODULE(_C_cpu, m) {
+namespace fastrank {
+void register_kernels(py::module_& m);  // this level's functions into m
+}
+
+void fastrank::register_kernels(py::module_& m) {
   m.doc() = "fastrank CPU kernels (C++17 + OpenMP); no libtorch";
   m.def("max_threads", [] {
 #ifdef _OPENMP

@@ -1,0 +1,150 @@
+"""isa: every native op at each CPU instruction-set level of the dispatching build, beside a
+``-march=native`` build of the same sources, in one run, with the exp floor beside.
+
+    python -m benchmarks isa                     # one thread, N = 128 and 512, 3 rounds
+    python -m benchmarks isa --threads 2 --ops smooth_ndcg,kendall
+
+One step is ``sim.grad = None; loss(sim, relevance).backward()`` (percall's step), float32,
+direction="both", reduction="mean". Each level this CPU runs is timed in a process of its
+own with ``FASTRANK_CPU_ISA=<level>``; the ``native`` column loads a CPU module built with
+``FASTRANK_CPU_NATIVE=1`` (``setup.py build_ext`` into a temporary directory; its CMake build
+is kept in ``build/cmake-*-native``, so a rerun compiles nothing). The levels are timed in
+rounds (3, each in a new order), and every number is the median over the rounds of each
+round's median (timing.autorange). ``floor``: the op's exponentials (ops.py) at the one-core
+exp rate the ``floors`` case measures (ceilings.py), scaled by the thread count.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import fastrank
+
+from ..case import Case, payload
+from ..ceilings import measure_ceilings
+from ..ops import OPS, square
+from ..results import machine_info
+
+NATIVE_OPS = ("smooth_ndcg", "kendall", "kendall_sw", "smooth_ap", "recall_at_k", "fast_rerank")
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import importlib.util, json, sys, torch
+args = json.loads(sys.argv[1])
+if args["module"]:   # the -march=native build, in place of the installed CPU module
+    spec = importlib.util.spec_from_file_location("fastrank._C_cpu", args["module"])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules["fastrank._C_cpu"] = mod
+sys.path.insert(0, args["root"])
+import fastrank
+from benchmarks.ops import OPS
+from benchmarks.cases.percall import _scalar, _step
+from benchmarks.timing import autorange
+torch.set_num_threads(args["threads"])
+out = {"level": fastrank.backends()["cpu_isa"], "compiler": fastrank.backends()["cpu_compiler"], "times": {}}
+for name in args["ops"]:
+    op = OPS[name]
+    for n in args["sizes"]:
+        size = {"n": n, "m": n}
+        torch.manual_seed(0)
+        inputs = op.inputs(size, torch.device("cpu"), torch.float32, True)
+        step = _step(_scalar(op, op.impls["native"]()), inputs)
+        r = autorange(step, torch.device("cpu"), 0.05, args["samples"], min_samples=3, case_s=args["case_s"])
+        out["times"][f"{name}/{n}"] = r["time"]["median_s"]
+print(json.dumps(out))
+"""
+
+
+def build_native(tmp: Path) -> Path:
+    """The CPU module built with -march=native (FASTRANK_CPU_NATIVE=1), into tmp."""
+    env = dict(os.environ, FASTRANK_CPU_NATIVE="1", FASTRANK_CUDA="0")
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp)], cwd=ROOT, env=env,
+                   check=True, stdout=subprocess.DEVNULL)
+    (so,) = (tmp / "fastrank").glob("_C_cpu" + sysconfig.get_config_var("EXT_SUFFIX"))
+    return so
+
+
+def run_child(level: str, module, ops, sizes, threads, quick) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "FASTRANK_CPU_ISA"}
+    env.update(FASTRANK_CPU_ISA=level, OMP_NUM_THREADS=str(threads))
+    args = {"module": str(module) if module else None, "root": str(ROOT), "ops": ops, "sizes": sizes,
+            "threads": threads, "samples": 3 if quick else 9, "case_s": 0.5 if quick else 3.0}
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"isa: level {level} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(args, device, save):
+    t0 = time.monotonic()
+    if device.type != "cpu":
+        raise SystemExit("isa: a CPU case (--device cpu)")
+    threads = args.threads or 1
+    torch.set_num_threads(threads)
+    machine = machine_info(device)
+    ops = [o for o in (args.ops or NATIVE_OPS) if o in NATIVE_OPS]
+    sizes = [s["n"] for s in square(16, 128)] if args.quick else [128, 512]
+    levels = fastrank.backends()["cpu_isa_levels"].split(",")
+    ceilings = measure_ceilings(device, quick=args.quick)
+    with tempfile.TemporaryDirectory() as tmp:
+        native = build_native(Path(tmp))
+        columns = [(level, None) for level in levels] + [("native", native)]
+        rounds = 1 if args.quick else 3
+        runs = {name: [] for name, _ in columns}
+        compilers = {}
+        for r in range(rounds):
+            order = columns[r % len(columns):] + columns[:r % len(columns)]
+            for name, module in order:
+                print(f"isa: round {r + 1}/{rounds}, {name}", flush=True)
+                got = run_child(name, module, ops, sizes, threads, args.quick)
+                compilers[name] = got["compiler"]
+                runs[name].append(got["times"])
+    records = []
+    rate = ceilings["exp_per_s_1core"] * threads
+    best = levels[-1]
+    for name in ops:
+        for n in sizes:
+            key = f"{name}/{n}"
+            counts = OPS[name].floor("forward+backward", {"n": n, "m": n}, 4) if OPS[name].floor else None
+            floor = counts["exp"] / rate if counts and counts.get("exp") else None
+            med = {col: statistics.median(t[key] for t in runs[col]) for col in runs}
+            records.append({"op": name, "impl": "native", "status": "ok", "n": n, "mode": "forward+backward", "threads": threads, "times_s": med,
+                            "rounds": {col: [t[key] for t in runs[col]] for col in runs},
+                            "exp_floor_s": floor, "best_level": best,
+                            "best_over_native": med[best] / med["native"],
+                            "best_over_floor": med[best] / floor if floor else None})
+    report = {"method": [f"one step = sim.grad = None; loss(sim, relevance).backward(), float32, both "
+                         f"directions, mean; {threads} thread(s); each level in a process of its own "
+                         f"(FASTRANK_CPU_ISA), median of {rounds} rounds' medians",
+                         "floor: the op's exponentials (benchmarks/ops.py) / the one-core exp rate x threads"],
+              "compilers": compilers, "table": table(records, list(runs))}
+    print("\n".join(report["table"]))
+    return payload("isa", device, {"quick": args.quick, "threads": threads, "ops": ops, "sizes": sizes},
+                   records, report, machine, t0, ceilings=ceilings)
+
+
+def table(records, columns) -> list:
+    """The markdown table of the records (docs/benchmarks.md carries it)."""
+    head = ["op", "N"] + [f"{c} ms" for c in columns] + ["best / native", "exp floor ms", "best / floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        cells = [r["op"], str(r["n"])] + [f"{r['times_s'][c] * 1e3:.3g}" for c in columns]
+        cells.append(f"{r['best_over_native']:.2f}")
+        cells.append(f"{r['exp_floor_s'] * 1e3:.3g}" if r["exp_floor_s"] else "-")
+        cells.append(f"{r['best_over_floor']:.2f}" if r["best_over_floor"] else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+CASE = Case("isa", "every native op at each CPU instruction-set level and a -march=native build, one thread, "
+                   "N = 128 and 512, beside the exp floor", run, cpu_threads=1)
