@@ -55,10 +55,16 @@ int main(int argc, char** argv) {
   const int both = fastrank::kBoth, mean = fastrank::kMean;
   if (op == "smooth_ndcg") {
     std::vector<float> out(2 * n + 4), ws(fastrank::smooth_ndcg_ws_numel(n, n, both));
-    print("smooth_ndcg", "forward", n, round_ms(reps, rounds, [&] {
-      fastrank::cpu::smooth_ndcg_forward(DType::f32, sim.data(), n, 1, rel.data(), n, 1, nullptr, 0, 0, n, n, both,
-                                         mean, 1, 0.01, out.data(), ws.data());
-    }));
+    fastrank::cpu::SmoothNdcgForward p;
+    p.lists = {DType::f32, n, n, both, mean};
+    p.sim = {sim.data(), n, 1};
+    p.rel = {rel.data(), n, 1};
+    p.mask = {nullptr, 0, 0};
+    p.tau = 0.01;
+    p.with_grad = true;
+    p.out = out.data();
+    p.ws = ws.data();
+    print("smooth_ndcg", "forward", n, round_ms(reps, rounds, [&] { fastrank::cpu::smooth_ndcg_forward(p); }));
     std::printf("loss %.6g\n", out[0]);
   } else if (op == "kendall_sw") {
     const int64_t n_w = 18;

@@ -27,6 +27,10 @@ using ptr = std::uintptr_t;
 using i64 = std::int64_t;
 
 template <typename P> static P* as(ptr p) { return reinterpret_cast<P*>(p); }
+// The pieces of a kernel's parameter struct (fastrank/params.h) from the Python arguments.
+static fastrank::MatIn mat(ptr p, i64 s0, i64 s1) { return {as<const void>(p), s0, s1}; }
+static fastrank::MaskIn mask_of(ptr p, i64 s0, i64 s1) { return {as<const std::uint8_t>(p), s0, s1}; }
+static fastrank::Lists lists(int dt, i64 n, i64 m, int dir, int red) { return {DType(dt), n, m, dir, red}; }
 
 PYBIND11_MODULE(_C_cpu, m) {
   m.doc() = "fastrank CPU kernels (C++17 + OpenMP); no libtorch";
@@ -43,44 +47,77 @@ PYBIND11_MODULE(_C_cpu, m) {
   m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,
                                   i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau,
                                   ptr out, ptr ws) {
+    fastrank::cpu::SmoothNdcgForward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.sim = mat(sim, ss0, ss1);
+    p.rel = mat(rel, rs0, rs1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.with_grad = with_grad != 0;
+    p.out = as<void>(out);
+    p.ws = as<void>(ws);
     py::gil_scoped_release nogil;
-    fastrank::cpu::smooth_ndcg_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const void>(rel), rs0,
-                                       rs1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, with_grad,
-                                       tau, as<void>(out), as<void>(ws));
+    fastrank::cpu::smooth_ndcg_forward(p);
   });
-  m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr mask, i64 ms0, i64 ms1, i64 n,
-                                   i64 mm, int dir, int red, double tau, ptr grad_out, i64 gs, ptr ws,
-                                   ptr grad) {
+  // sim and its strides: the CUDA signature's (the CPU backward is elementwise over ws)
+  m.def("smooth_ndcg_backward", [](int dt, ptr, i64, i64, ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir,
+                                   int red, double tau, ptr grad_out, i64 gs, ptr ws, ptr grad) {
+    fastrank::cpu::SmoothNdcgBackward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.grad_out = {as<const void>(grad_out), gs};
+    p.ws = as<const void>(ws);
+    p.grad = as<void>(grad);
     py::gil_scoped_release nogil;
-    fastrank::cpu::smooth_ndcg_backward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(mask),
-                                        ms0, ms1, n, mm, dir, red, tau, as<const void>(grad_out), gs,
-                                        as<const void>(ws), as<void>(grad));
+    fastrank::cpu::smooth_ndcg_backward(p);
   });
 
   // ---- smooth_ap, recall_at_k and their shared backward (csrc/cpu/smooth_ap.cpp, recall_at_k.cpp) ----
   m.def("smooth_ap_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask, i64 ms0,
                                 i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau, ptr out,
                                 ptr ws) {
+    fastrank::cpu::SmoothApForward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.sim = mat(sim, ss0, ss1);
+    p.pos = mask_of(pos, ps0, ps1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.with_grad = with_grad != 0;
+    p.out = as<void>(out);
+    p.ws = as<void>(ws);
     py::gil_scoped_release nogil;
-    fastrank::cpu::smooth_ap_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(pos), ps0,
-                                     ps1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, with_grad, tau,
-                                     as<void>(out), as<void>(ws));
+    fastrank::cpu::smooth_ap_forward(p);
   });
   m.def("recall_at_k_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask,
                                   i64 ms0, i64 ms1, i64 n, i64 mm, const std::vector<double>& ks,
                                   const std::vector<double>& tk, int dir, int red, int with_grad, double tau,
                                   ptr out, ptr ws) {
+    fastrank::cpu::RecallAtKForward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.sim = mat(sim, ss0, ss1);
+    p.pos = mask_of(pos, ps0, ps1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.with_grad = with_grad != 0;
+    p.out = as<void>(out);
+    p.ws = as<void>(ws);
+    p.ks = ks.data();
+    p.tk = tk.data();
+    p.n_k = static_cast<int>(ks.size());
     py::gil_scoped_release nogil;
-    fastrank::cpu::recall_at_k_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(pos),
-                                       ps0, ps1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, ks.data(),
-                                       tk.data(), static_cast<int>(ks.size()), dir, red, with_grad, tau,
-                                       as<void>(out), as<void>(ws));
+    fastrank::cpu::recall_at_k_forward(p);
   });
-  m.def("smooth_rank_backward", [](int dt, ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red,
-                                   ptr grad_out, i64 gs, ptr ws, ptr grad) {
+  m.def("smooth_rank_backward", [](int dt, ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, ptr grad_out,
+                                   i64 gs, ptr ws, ptr grad) {
+    fastrank::cpu::SmoothRankBackward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.grad_out = {as<const void>(grad_out), gs};
+    p.ws = as<const void>(ws);
+    p.grad = as<void>(grad);
     py::gil_scoped_release nogil;
-    fastrank::cpu::smooth_rank_backward(DType(dt), as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
-                                        as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad));
+    fastrank::cpu::smooth_rank_backward(p);
   });
 
   // ---- kendall (csrc/cpu/kendall.cpp) ----

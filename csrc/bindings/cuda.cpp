@@ -25,6 +25,10 @@ using ptr = std::uintptr_t;
 using i64 = std::int64_t;
 
 template <typename P> static P* as(ptr p) { return reinterpret_cast<P*>(p); }
+// The pieces of a kernel's parameter struct (fastrank/params.h) from the Python arguments.
+static fastrank::MatIn mat(ptr p, i64 s0, i64 s1) { return {as<const void>(p), s0, s1}; }
+static fastrank::MaskIn mask_of(ptr p, i64 s0, i64 s1) { return {as<const std::uint8_t>(p), s0, s1}; }
+static fastrank::Lists lists(int dt, i64 n, i64 m, int dir, int red) { return {DType(dt), n, m, dir, red}; }
 
 static void check(int code, const char* what) {
   if (code != 0)
@@ -40,57 +44,90 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
 
   // ---- smooth_ndcg (csrc/cuda/smooth_ndcg.cu) ----
+  // with_grad: the CPU signature's (the CUDA forward always writes what the backward needs)
   m.def("smooth_ndcg_forward", [](int dt, int rdt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1,
-                                  ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad,
-                                  double tau, ptr out, ptr ws, ptr partials, ptr stream) {
+                                  ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red, int, double tau,
+                                  ptr out, ptr ws, ptr partials, ptr stream) {
+    fastrank::cuda::SmoothNdcgForward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.rel_dt = DType(rdt);
+    p.sim = mat(sim, ss0, ss1);
+    p.rel = mat(rel, rs0, rs1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.out = as<void>(out);
+    p.ws = as<void>(ws);
+    p.partials = as<void>(partials);
+    p.stream = as<void>(stream);
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_ndcg_forward(DType(dt), DType(rdt), as<const void>(sim), ss0, ss1,
-                                              as<const void>(rel), rs0, rs1, as<const std::uint8_t>(mask), ms0,
-                                              ms1, n, mm, dir, red, with_grad, tau, as<void>(out), as<void>(ws),
-                                              as<void>(partials), as<void>(stream)),
-          "smooth_ndcg_forward");
+    check(fastrank::cuda::smooth_ndcg_forward(p), "smooth_ndcg_forward");
   });
   m.def("smooth_ndcg_backward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr mask, i64 ms0, i64 ms1, i64 n,
                                    i64 mm, int dir, int red, double tau, ptr grad_out, i64 gs, ptr ws,
                                    ptr grad, ptr stream) {
+    fastrank::cuda::SmoothNdcgBackward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.sim = mat(sim, ss0, ss1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.grad_out = {as<const void>(grad_out), gs};
+    p.ws = as<const void>(ws);
+    p.grad = as<void>(grad);
+    p.stream = as<void>(stream);
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_ndcg_backward(DType(dt), as<const void>(sim), ss0, ss1,
-                                               as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red, tau,
-                                               as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad),
-                                               as<void>(stream)),
-          "smooth_ndcg_backward");
+    check(fastrank::cuda::smooth_ndcg_backward(p), "smooth_ndcg_backward");
   });
 
   // ---- smooth_ap, recall_at_k and their shared backward (csrc/cuda/smooth_ap.cu, recall_at_k.cu) ----
   m.def("smooth_ap_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask, i64 ms0,
-                                i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau, ptr out, ptr ws,
-                                ptr partials, ptr stream) {
+                                i64 ms1, i64 n, i64 mm, int dir, int red, int with_grad, double tau, ptr out,
+                                ptr ws, ptr partials, ptr stream) {
+    fastrank::cuda::SmoothApForward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.sim = mat(sim, ss0, ss1);
+    p.pos = mask_of(pos, ps0, ps1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.with_grad = with_grad != 0;
+    p.out = as<void>(out);
+    p.ws = as<void>(ws);
+    p.partials = as<void>(partials);
+    p.stream = as<void>(stream);
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_ap_forward(DType(dt), as<const void>(sim), ss0, ss1, as<const std::uint8_t>(pos),
-                                            ps0, ps1, as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
-                                            with_grad, tau, as<void>(out), as<void>(ws), as<void>(partials),
-                                            as<void>(stream)),
-          "smooth_ap_forward");
+    check(fastrank::cuda::smooth_ap_forward(p), "smooth_ap_forward");
   });
   m.def("recall_at_k_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr pos, i64 ps0, i64 ps1, ptr mask,
                                   i64 ms0, i64 ms1, i64 n, i64 mm, const std::vector<double>& ks,
                                   const std::vector<double>& tk, int dir, int red, int with_grad, double tau,
                                   ptr out, ptr ws, ptr partials, ptr stream) {
+    fastrank::cuda::RecallAtKForward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.sim = mat(sim, ss0, ss1);
+    p.pos = mask_of(pos, ps0, ps1);
+    p.mask = mask_of(mask, ms0, ms1);
+    p.tau = tau;
+    p.with_grad = with_grad != 0;
+    p.out = as<void>(out);
+    p.ws = as<void>(ws);
+    p.partials = as<void>(partials);
+    p.stream = as<void>(stream);
+    p.ks = ks.data();
+    p.tk = tk.data();
+    p.n_k = static_cast<int>(ks.size());
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::recall_at_k_forward(DType(dt), as<const void>(sim), ss0, ss1,
-                                              as<const std::uint8_t>(pos), ps0, ps1, as<const std::uint8_t>(mask),
-                                              ms0, ms1, n, mm, ks.data(), tk.data(), static_cast<int>(ks.size()),
-                                              dir, red, with_grad, tau, as<void>(out), as<void>(ws),
-                                              as<void>(partials), as<void>(stream)),
-          "recall_at_k_forward");
+    check(fastrank::cuda::recall_at_k_forward(p), "recall_at_k_forward");
   });
-  m.def("smooth_rank_backward", [](int dt, ptr mask, i64 ms0, i64 ms1, i64 n, i64 mm, int dir, int red,
-                                   ptr grad_out, i64 gs, ptr ws, ptr grad, ptr stream) {
+  // mask and its strides: the CPU signature's (masked entries of G are 0)
+  m.def("smooth_rank_backward", [](int dt, ptr, i64, i64, i64 n, i64 mm, int dir, int red, ptr grad_out,
+                                   i64 gs, ptr ws, ptr grad, ptr stream) {
+    fastrank::cuda::SmoothRankBackward p;
+    p.lists = lists(dt, n, mm, dir, red);
+    p.grad_out = {as<const void>(grad_out), gs};
+    p.ws = as<const void>(ws);
+    p.grad = as<void>(grad);
+    p.stream = as<void>(stream);
     py::gil_scoped_release nogil;
-    check(fastrank::cuda::smooth_rank_backward(DType(dt), as<const std::uint8_t>(mask), ms0, ms1, n, mm, dir, red,
-                                               as<const void>(grad_out), gs, as<const void>(ws), as<void>(grad),
-                                               as<void>(stream)),
-          "smooth_rank_backward");
+    check(fastrank::cuda::smooth_rank_backward(p), "smooth_rank_backward");
   });
 
   // ---- kendall (csrc/cuda/kendall.cu) ----

@@ -30,6 +30,7 @@
 
 #include "fastrank/common.h"
 #include "fastrank/launch.h"
+#include "fastrank/smooth_ap.h"
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
@@ -59,12 +60,18 @@ __device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, in
 // local memory (docs/cuda-resources.md).
 template <typename T, class Head>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 2))
-subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ pos,
-                      int64_t ps0, int64_t ps1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n,
-                      int64_t m, int direction, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
-                      int with_grad,
-                      acc_t<T>* __restrict__ ws, acc_t<T>* __restrict__ partials, acc_t<T>* __restrict__ loss_none) {
+subset_forward_kernel(const SmoothApForward p, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
+                      acc_t<T>* __restrict__ loss_none) {
   using A = acc_t<T>;
+  const T* __restrict__ sim = static_cast<const T*>(p.sim.data);
+  const uint8_t* __restrict__ pos = p.pos.data;
+  const uint8_t* __restrict__ mask = p.mask.data;
+  A* __restrict__ ws = static_cast<A*>(p.ws);
+  A* __restrict__ partials = static_cast<A*>(p.partials);
+  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, ps0 = p.pos.s0, ps1 = p.pos.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int direction = p.lists.direction;
+  const int with_grad = p.with_grad;
   __shared__ A scratch[kThreads];
   __shared__ A st_s[kThreads], st_u[kThreads], st_v[kThreads];  // phase 3: the staged positives
   __shared__ int warp_count[kWarps];
@@ -213,9 +220,10 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
 // mean / sum, the loss. Fixed summation order.
 template <typename A>
 __global__ void __launch_bounds__(kThreads)
-subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restrict__ ws, A* __restrict__ out) {
+subset_finalize(const Lists lists, A* __restrict__ ws, A* __restrict__ out) {
   __shared__ A scratch[kThreads];
-  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  const int reduction = lists.reduction;
+  const SmoothRankLayout L = smooth_rank_layout(lists.n, lists.m, lists.direction);
   A total = 0;
   const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
   for (int d = 0; d < 2; ++d) {
@@ -240,9 +248,13 @@ subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restric
 // a non-finite G on. Masked entries have G = 0.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(8, 6))
-subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const acc_t<T>* __restrict__ grad_out,
-                       int64_t gs, const acc_t<T>* __restrict__ ws, T* __restrict__ grad) {
+subset_backward_kernel(const SmoothRankBackward p) {
   using A = acc_t<T>;
+  const A* __restrict__ grad_out = static_cast<const A*>(p.grad_out.data);
+  const A* __restrict__ ws = static_cast<const A*>(p.ws);
+  T* __restrict__ grad = static_cast<T*>(p.grad);
+  const int64_t n = p.lists.n, m = p.lists.m, gs = p.grad_out.s;
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
   const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   A scale[2];
   for (int d = 0; d < 2; ++d) {
@@ -268,28 +280,23 @@ subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const
 }
 
 template <typename T, class Head>
-int subset_forward(const Head& head, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                   int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                   int reduction, int with_grad, double tau, void* out, void* ws, void* partials, cudaStream_t st) {
+int subset_forward(const Head& head, const SmoothApForward& p) {
   using A = acc_t<T>;
-  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
-  const int64_t n_total = n_i2t + n_t2i;
-  A* w = static_cast<A*>(ws);
-  const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st,
-                       static_cast<const T*>(sim), ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction, n_i2t, n_total,
-                       static_cast<A>(1.0 / tau), head, with_grad, w, static_cast<A*>(partials),
-                       reduction == kNone ? static_cast<A*>(out) : nullptr);
+  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0;
+  const int64_t n_total = n_i2t + ((p.lists.direction & kT2I) ? p.lists.m : 0);
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
+  A* out = static_cast<A*>(p.out);
+  const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st, p, n_i2t, n_total,
+                       static_cast<A>(1.0 / p.tau), head, p.lists.reduction == kNone ? out : nullptr);
   if (e != 0) return e;
-  return launch(subset_finalize<A>, 1, kThreads, 0, st, n, m, direction, reduction, w, static_cast<A*>(out));
+  return launch(subset_finalize<A>, 1, kThreads, 0, st, p.lists, static_cast<A*>(p.ws), out);
 }
 
 template <typename T>
-int subset_backward(int64_t n, int64_t m, int direction, int reduction, const void* grad_out, int64_t gs,
-                    const void* ws, void* grad, cudaStream_t st) {
-  using A = acc_t<T>;
-  return launch(subset_backward_kernel<T>, strided_grid((n * m + kThreads - 1) / kThreads, 65536), kThreads, 0, st,
-                n, m, direction, reduction, static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws),
-                static_cast<T*>(grad));
+int subset_backward(const SmoothRankBackward& p) {
+  const int64_t nm = p.lists.n * p.lists.m;
+  return launch(subset_backward_kernel<T>, strided_grid((nm + kThreads - 1) / kThreads, 65536), kThreads, 0,
+                static_cast<cudaStream_t>(p.stream), p);
 }
 
 }  // namespace rank
