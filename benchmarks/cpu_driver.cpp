@@ -70,14 +70,28 @@ int main(int argc, char** argv) {
     const int64_t n_w = 18;
     std::vector<float> loss(2 * n + 4), aux(2 * 2 * n + 2), grad(n * n), go(1, 1.0f);
     std::vector<int32_t> idx(2 * n * n_w * 2);
-    print("kendall_sw", "forward", n, round_ms(reps, rounds, [&] {
-      fastrank::cpu::kendall_sw_forward(DType::f32, DType::f32, sim.data(), n, 1, rel.data(), n, 1, n, n, 0.1, 0.05,
-                                        1.0, n_w, both, mean, loss.data(), idx.data(), aux.data());
-    }));
-    print("kendall_sw", "backward", n, round_ms(reps, rounds, [&] {
-      fastrank::cpu::kendall_sw_backward(DType::f32, sim.data(), n, 1, idx.data(), n_w, aux.data(), go.data(), n, n,
-                                         both, mean, grad.data());
-    }));
+    fastrank::cpu::KendallSwForward f;
+    f.lists = {DType::f32, n, n, both, mean};
+    f.rel_dt = DType::f32;
+    f.sim = {sim.data(), n, 1};
+    f.rel = {rel.data(), n, 1};
+    f.alpha = 0.1;
+    f.beta = 0.05;
+    f.hi = 1.0;
+    f.n_w = n_w;
+    f.loss = loss.data();
+    f.idx = idx.data();
+    f.aux = aux.data();
+    fastrank::cpu::KendallSwBackward b;
+    b.lists = f.lists;
+    b.sim = f.sim;
+    b.idx = idx.data();
+    b.n_w = n_w;
+    b.aux = aux.data();
+    b.grad_out = go.data();
+    b.grad = grad.data();
+    print("kendall_sw", "forward", n, round_ms(reps, rounds, [&] { fastrank::cpu::kendall_sw_forward(f); }));
+    print("kendall_sw", "backward", n, round_ms(reps, rounds, [&] { fastrank::cpu::kendall_sw_backward(b); }));
     std::printf("loss %.6g\n", loss[0]);
   } else {
     std::fprintf(stderr, "op must be smooth_ndcg or kendall_sw, got %s\n", op.c_str());
