@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "constants.h"
+
 #include "fastrank/kendall.h"
 #include "fastrank/kendall_sw.h"
 #include "fastrank/fast_rerank.h"
@@ -42,6 +44,7 @@ PYBIND11_MODULE(_C_cpu, m) {
 #endif
   });
   m.def("compiler", [] { return std::string(FASTRANK_COMPILER); });
+  fastrank::bindings::export_constants(m);
 
   // ---- smooth_ndcg (csrc/cpu/smooth_ndcg.cpp) ----
   m.def("smooth_ndcg_forward", [](int dt, ptr sim, i64 ss0, i64 ss1, ptr rel, i64 rs0, i64 rs1, ptr mask,

@@ -8,6 +8,8 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+
+#include "constants.h"
 #include <stdexcept>
 #include <string>
 
@@ -42,6 +44,10 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("runtime_version", &fastrank::cuda::runtime_version);
   m.def("archs", [] { return std::string(FASTRANK_CUDA_ARCHS); });
   m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
+  fastrank::bindings::export_constants(m);
+  // the forward-only device buffers of the CUDA kernels (accumulation-type elements)
+  m.def("smooth_ndcg_partials_numel", &fastrank::cuda::smooth_ndcg_partials_numel);
+  m.def("smooth_rank_partials_numel", &fastrank::smooth_rank_partials_numel);
 
   // ---- smooth_ndcg (csrc/cuda/smooth_ndcg.cu) ----
   // with_grad: the CPU signature's (the CUDA forward always writes what the backward needs)

@@ -28,13 +28,9 @@
 #include "fastrank/params.h"
 
 namespace fastrank {
-// aux's elements: 2 * n_total + 2 (kendall.h's layout).
-inline int64_t kendall_sw_aux_numel(int64_t n, int64_t m, int direction) {
-  return 2 * query_count(n, m, direction) + 2;
-}
-
 // The forward's and the backward's parameters (the CPU takes relevance in sim's dtype only;
-// CUDA adds the stream). idx: (n_total, n_w, 2) int32.
+// CUDA adds the stream). idx: (n_total, n_w, 2) int32; aux: kendall_aux_numel elements
+// (kendall.h's layout).
 struct KendallSwForward {
   Lists lists;
   DType rel_dt;
