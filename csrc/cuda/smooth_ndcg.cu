@@ -22,6 +22,8 @@
 // scores never round float32 labels); every staged value is reused by 16 threads, and global reads are coalesced
 // along rows (16-element segments for the t2i columns of a row-major sim). Masked items
 // are staged with a 0 flag (a predicate, not a compaction) and their values never read.
+// Kernel arguments: the entry point's parameter struct (smooth_ndcg.h) whole, by value, plus
+// what the launcher derives from it (tiles of m, 1 / tau in the accumulation type, offsets).
 // Saved state: ws = a per direction (n * m A each), idcg, counts; partials (3 values per
 // query per tile, about 3/16 of an (n, m) matrix per direction) live only in the forward.
 // Each ordered pair is evaluated by the thread of each of its two elements: on a GPU the

@@ -60,18 +60,12 @@ __device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, in
 // local memory (docs/cuda-resources.md).
 template <typename T, class Head>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 2))
-subset_forward_kernel(const SmoothApForward p, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
-                      acc_t<T>* __restrict__ loss_none) {
+subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ pos,
+                      int64_t ps0, int64_t ps1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n,
+                      int64_t m, int direction, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
+                      int with_grad,
+                      acc_t<T>* __restrict__ ws, acc_t<T>* __restrict__ partials, acc_t<T>* __restrict__ loss_none) {
   using A = acc_t<T>;
-  const T* __restrict__ sim = static_cast<const T*>(p.sim.data);
-  const uint8_t* __restrict__ pos = p.pos.data;
-  const uint8_t* __restrict__ mask = p.mask.data;
-  A* __restrict__ ws = static_cast<A*>(p.ws);
-  A* __restrict__ partials = static_cast<A*>(p.partials);
-  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, ps0 = p.pos.s0, ps1 = p.pos.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
-  const int64_t n = p.lists.n, m = p.lists.m;
-  const int direction = p.lists.direction;
-  const int with_grad = p.with_grad;
   __shared__ A scratch[kThreads];
   __shared__ A st_s[kThreads], st_u[kThreads], st_v[kThreads];  // phase 3: the staged positives
   __shared__ int warp_count[kWarps];
@@ -220,10 +214,9 @@ subset_forward_kernel(const SmoothApForward p, int64_t n_i2t, int64_t n_total, a
 // mean / sum, the loss. Fixed summation order.
 template <typename A>
 __global__ void __launch_bounds__(kThreads)
-subset_finalize(const Lists lists, A* __restrict__ ws, A* __restrict__ out) {
+subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restrict__ ws, A* __restrict__ out) {
   __shared__ A scratch[kThreads];
-  const int reduction = lists.reduction;
-  const SmoothRankLayout L = smooth_rank_layout(lists.n, lists.m, lists.direction);
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   A total = 0;
   const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
   for (int d = 0; d < 2; ++d) {
@@ -248,13 +241,9 @@ subset_finalize(const Lists lists, A* __restrict__ ws, A* __restrict__ out) {
 // a non-finite G on. Masked entries have G = 0.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(8, 6))
-subset_backward_kernel(const SmoothRankBackward p) {
+subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const acc_t<T>* __restrict__ grad_out,
+                       int64_t gs, const acc_t<T>* __restrict__ ws, T* __restrict__ grad) {
   using A = acc_t<T>;
-  const A* __restrict__ grad_out = static_cast<const A*>(p.grad_out.data);
-  const A* __restrict__ ws = static_cast<const A*>(p.ws);
-  T* __restrict__ grad = static_cast<T*>(p.grad);
-  const int64_t n = p.lists.n, m = p.lists.m, gs = p.grad_out.s;
-  const int direction = p.lists.direction, reduction = p.lists.reduction;
   const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   A scale[2];
   for (int d = 0; d < 2; ++d) {
@@ -279,24 +268,35 @@ subset_backward_kernel(const SmoothRankBackward p) {
   }
 }
 
+// The launchers take the entry point's struct (smooth_ap.h); these kernels keep their own
+// argument lists: taking the struct whole cost them registers (spills in the half-precision
+// forward under its 64-register budget; docs/cuda-resources.md).
 template <typename T, class Head>
 int subset_forward(const Head& head, const SmoothApForward& p) {
   using A = acc_t<T>;
-  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0;
-  const int64_t n_total = n_i2t + ((p.lists.direction & kT2I) ? p.lists.m : 0);
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
+  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
+  const int64_t n_total = n_i2t + n_t2i;
   const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
-  A* out = static_cast<A*>(p.out);
-  const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st, p, n_i2t, n_total,
-                       static_cast<A>(1.0 / p.tau), head, p.lists.reduction == kNone ? out : nullptr);
+  A* w = static_cast<A*>(p.ws);
+  const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st,
+                       static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,
+                       p.mask.data, p.mask.s0, p.mask.s1, n, m, direction, n_i2t, n_total,
+                       static_cast<A>(1.0 / p.tau), head, int(p.with_grad), w, static_cast<A*>(p.partials),
+                       reduction == kNone ? static_cast<A*>(p.out) : nullptr);
   if (e != 0) return e;
-  return launch(subset_finalize<A>, 1, kThreads, 0, st, p.lists, static_cast<A*>(p.ws), out);
+  return launch(subset_finalize<A>, 1, kThreads, 0, st, n, m, direction, reduction, w, static_cast<A*>(p.out));
 }
 
 template <typename T>
 int subset_backward(const SmoothRankBackward& p) {
-  const int64_t nm = p.lists.n * p.lists.m;
-  return launch(subset_backward_kernel<T>, strided_grid((nm + kThreads - 1) / kThreads, 65536), kThreads, 0,
-                static_cast<cudaStream_t>(p.stream), p);
+  using A = acc_t<T>;
+  const int64_t n = p.lists.n, m = p.lists.m;
+  return launch(subset_backward_kernel<T>, strided_grid((n * m + kThreads - 1) / kThreads, 65536), kThreads, 0,
+                static_cast<cudaStream_t>(p.stream), n, m, p.lists.direction, p.lists.reduction,
+                static_cast<const A*>(p.grad_out.data), p.grad_out.s, static_cast<const A*>(p.ws),
+                static_cast<T*>(p.grad));
 }
 
 }  // namespace rank
