@@ -55,23 +55,43 @@ int main(int argc, char** argv) {
   const int both = fastrank::kBoth, mean = fastrank::kMean;
   if (op == "smooth_ndcg") {
     std::vector<float> out(2 * n + 4), ws(fastrank::smooth_ndcg_ws_numel(n, n, both));
-    print("smooth_ndcg", "forward", n, round_ms(reps, rounds, [&] {
-      fastrank::cpu::smooth_ndcg_forward(DType::f32, sim.data(), n, 1, rel.data(), n, 1, nullptr, 0, 0, n, n, both,
-                                         mean, 1, 0.01, out.data(), ws.data());
-    }));
+    fastrank::cpu::SmoothNdcgForward p;
+    p.lists = {DType::f32, n, n, both, mean};
+    p.sim = {sim.data(), n, 1};
+    p.rel = {rel.data(), n, 1};
+    p.mask = {nullptr, 0, 0};
+    p.tau = 0.01;
+    p.with_grad = true;
+    p.out = out.data();
+    p.ws = ws.data();
+    print("smooth_ndcg", "forward", n, round_ms(reps, rounds, [&] { fastrank::cpu::smooth_ndcg_forward(p); }));
     std::printf("loss %.6g\n", out[0]);
   } else if (op == "kendall_sw") {
     const int64_t n_w = 18;
     std::vector<float> loss(2 * n + 4), aux(2 * 2 * n + 2), grad(n * n), go(1, 1.0f);
     std::vector<int32_t> idx(2 * n * n_w * 2);
-    print("kendall_sw", "forward", n, round_ms(reps, rounds, [&] {
-      fastrank::cpu::kendall_sw_forward(DType::f32, DType::f32, sim.data(), n, 1, rel.data(), n, 1, n, n, 0.1, 0.05,
-                                        1.0, n_w, both, mean, loss.data(), idx.data(), aux.data());
-    }));
-    print("kendall_sw", "backward", n, round_ms(reps, rounds, [&] {
-      fastrank::cpu::kendall_sw_backward(DType::f32, sim.data(), n, 1, idx.data(), n_w, aux.data(), go.data(), n, n,
-                                         both, mean, grad.data());
-    }));
+    fastrank::cpu::KendallSwForward f;
+    f.lists = {DType::f32, n, n, both, mean};
+    f.rel_dt = DType::f32;
+    f.sim = {sim.data(), n, 1};
+    f.rel = {rel.data(), n, 1};
+    f.alpha = 0.1;
+    f.beta = 0.05;
+    f.hi = 1.0;
+    f.n_w = n_w;
+    f.loss = loss.data();
+    f.idx = idx.data();
+    f.aux = aux.data();
+    fastrank::cpu::KendallSwBackward b;
+    b.lists = f.lists;
+    b.sim = f.sim;
+    b.idx = idx.data();
+    b.n_w = n_w;
+    b.aux = aux.data();
+    b.grad_out = go.data();
+    b.grad = grad.data();
+    print("kendall_sw", "forward", n, round_ms(reps, rounds, [&] { fastrank::cpu::kendall_sw_forward(f); }));
+    print("kendall_sw", "backward", n, round_ms(reps, rounds, [&] { fastrank::cpu::kendall_sw_backward(b); }));
     std::printf("loss %.6g\n", loss[0]);
   } else {
     std::fprintf(stderr, "op must be smooth_ndcg or kendall_sw, got %s\n", op.c_str());

@@ -200,8 +200,15 @@ def stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-# dtype codes understood by the kernels (csrc/include/fastrank/common.h: enum class DType)
-DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# The codes the kernels take, as the native modules export them (csrc/bindings/constants.h,
+# from csrc/include/fastrank: DType, Direction, Reduction, kMaxKs); both modules export the
+# same values (tests/test_native_constants.py). Without a native module no kernel runs: the
+# tables are empty and MAX_KS is None (no limit on the reference path).
+_constants = cpu_module() or cuda_module()
+DTYPE_CODE = {getattr(torch, name): code for name, code in _constants.DTYPE_CODE.items()} if _constants else {}
+DIRECTION_CODE = dict(_constants.DIRECTION_CODE) if _constants else {}
+REDUCTION_CODE = dict(_constants.REDUCTION_CODE) if _constants else {}
+MAX_KS = int(_constants.MAX_KS) if _constants else None
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -369,40 +369,38 @@ template <typename T> struct Workspace {
 
 int64_t fast_rerank_workspace(int64_t n, int64_t m) { return workspace_size(n, m); }
 
-bool fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                     double g1, double l1, void* workspace, void* col_lse, void* row_lse) {
+bool fast_rerank_lse(const FastRerankLse& p) {
+  const int64_t n = p.n, m = p.m;
   bool ok = true;
-  FASTRANK_DISPATCH_CPU(dt, T,
-      Workspace<T> ws(workspace, n, m);
-      ok = lse_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1), static_cast<T>(l1),
-                       ws.p, static_cast<T*>(col_lse), static_cast<T*>(row_lse)));
+  FASTRANK_DISPATCH_CPU(p.dt, T,
+      Workspace<T> ws(p.workspace, n, m);
+      ok = lse_impl<T>(static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, n, m, static_cast<T>(p.g1),
+                       static_cast<T>(p.l1), ws.p, static_cast<T*>(p.col_lse), static_cast<T*>(p.row_lse)));
   return ok;
 }
 
-bool fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                         double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
-                         void* row_lse, void* i2t, void* t2i) {
+bool fast_rerank_forward(const FastRerankForward& p) {
+  const int64_t n = p.n, m = p.m;
   bool ok = true;
-  FASTRANK_DISPATCH_CPU(dt, T,
-      Workspace<T> ws(workspace, n, m);
-      ok = forward_impl<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<T>(g1),
-                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2),
-                           ws.p, static_cast<T*>(col_lse), static_cast<T*>(row_lse),
-                           static_cast<T*>(i2t), static_cast<T*>(t2i)));
+  FASTRANK_DISPATCH_CPU(p.dt, T,
+      Workspace<T> ws(p.workspace, n, m);
+      ok = forward_impl<T>(static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, n, m, static_cast<T>(p.g1),
+                           static_cast<T>(p.g2), static_cast<T>(p.l1), static_cast<T>(p.l2),
+                           ws.p, static_cast<T*>(p.col_lse), static_cast<T*>(p.row_lse),
+                           static_cast<T*>(p.i2t), static_cast<T*>(p.t2i)));
   return ok;
 }
 
-void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                          const void* g_i2t, int64_t gi_sr, int64_t gi_sc, const void* g_t2i, int64_t gt_sr,
-                          int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
-                          double l1, double l2, void* workspace, void* grad_sim) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      Workspace<T> ws(workspace, n, m);
-      backward_dispatch<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<const T*>(g_i2t),
-                           gi_sr, gi_sc, static_cast<const T*>(g_t2i), gt_sr, gt_sc,
-                           static_cast<const T*>(col_lse), static_cast<const T*>(row_lse), static_cast<T>(g1),
-                           static_cast<T>(g2), static_cast<T>(l1), static_cast<T>(l2), ws.p,
-                           static_cast<T*>(grad_sim)));
+void fast_rerank_backward(const FastRerankBackward& p) {
+  const int64_t n = p.n, m = p.m;
+  FASTRANK_DISPATCH_CPU(p.dt, T,
+      Workspace<T> ws(p.workspace, n, m);
+      backward_dispatch<T>(static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, n, m,
+                           static_cast<const T*>(p.g_i2t.data), p.g_i2t.s0, p.g_i2t.s1,
+                           static_cast<const T*>(p.g_t2i.data), p.g_t2i.s0, p.g_t2i.s1,
+                           static_cast<const T*>(p.col_lse), static_cast<const T*>(p.row_lse),
+                           static_cast<T>(p.g1), static_cast<T>(p.g2), static_cast<T>(p.l1), static_cast<T>(p.l2),
+                           ws.p, static_cast<T*>(p.grad)));
 }
 
 }  // namespace cpu

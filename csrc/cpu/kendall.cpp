@@ -241,9 +241,17 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
 }
 
 template <typename T>
-void forward_impl(const T* sim, int64_t s0, int64_t s1, const T* rel, int64_t r0, int64_t r1, const uint8_t* mask,
-                  int64_t m0, int64_t m1, int64_t n, int64_t m, T alpha, int direction, int reduction, T* loss,
-                  T* dsim, T* aux) {
+void forward_impl(const KendallForward& p) {
+  const T* sim = static_cast<const T*>(p.sim.data);
+  const T* rel = static_cast<const T*>(p.rel.data);
+  const uint8_t* mask = p.mask.data;
+  const int64_t s0 = p.sim.s0, s1 = p.sim.s1, r0 = p.rel.s0, r1 = p.rel.s1, m0 = p.mask.s0, m1 = p.mask.s1;
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
+  const T alpha = static_cast<T>(p.alpha);
+  T* loss = static_cast<T*>(p.loss);
+  T* dsim = static_cast<T*>(p.dsim);
+  T* aux = static_cast<T*>(p.aux);
   const bool i2t = direction & kI2T, t2i = direction & kT2I;
   const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
   T* qloss = aux;
@@ -309,22 +317,17 @@ void backward_impl(const T* dsim, const T* aux, const T* go, int64_t n, int64_t 
 
 }  // namespace
 
-void kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                     int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
-                     int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
-                     void* aux) {
-  if (rel_dt != dt) throw std::invalid_argument("fastrank: CPU kendall needs relevance in sim's dtype");
-  FASTRANK_DISPATCH_CPU(dt, T,
-      forward_impl<T>(static_cast<const T*>(sim), sim_s0, sim_s1, static_cast<const T*>(rel), rel_s0, rel_s1,
-                      mask, mask_s0, mask_s1, n, m, static_cast<T>(alpha), direction, reduction,
-                      static_cast<T*>(loss), static_cast<T*>(dsim), static_cast<T*>(aux)));
+void kendall_forward(const KendallForward& p) {
+  if (p.rel_dt != p.lists.dt) throw std::invalid_argument("fastrank: CPU kendall needs relevance in sim's dtype");
+  FASTRANK_DISPATCH_CPU(p.lists.dt, T,
+      forward_impl<T>(p));
 }
 
-void kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
-                      int direction, int reduction, void* grad) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      backward_impl<T>(static_cast<const T*>(dsim), static_cast<const T*>(aux), static_cast<const T*>(grad_out),
-                       n, m, direction, reduction, static_cast<T*>(grad)));
+void kendall_backward(const KendallBackward& p) {
+  FASTRANK_DISPATCH_CPU(p.lists.dt, T,
+      backward_impl<T>(static_cast<const T*>(p.dsim), static_cast<const T*>(p.aux),
+                       static_cast<const T*>(p.grad_out), p.lists.n, p.lists.m, p.lists.direction,
+                       p.lists.reduction, static_cast<T*>(p.grad)));
 }
 
 }  // namespace cpu

@@ -152,9 +152,16 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
 }
 
 template <typename T>
-void forward_impl(const T* sim, int64_t s0, int64_t s1, const T* rel, int64_t r0, int64_t r1, int64_t n, int64_t m,
-                  double alpha, double beta, double hi, int64_t n_w, int direction, int reduction, T* loss,
-                  int32_t* idx, T* aux) {
+void forward_impl(const KendallSwForward& p) {
+  const T* sim = static_cast<const T*>(p.sim.data);
+  const T* rel = static_cast<const T*>(p.rel.data);
+  const int64_t s0 = p.sim.s0, s1 = p.sim.s1, r0 = p.rel.s0, r1 = p.rel.s1, n = p.lists.n, m = p.lists.m;
+  const double alpha = p.alpha, beta = p.beta, hi = p.hi;
+  const int64_t n_w = p.n_w;
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
+  T* loss = static_cast<T*>(p.loss);
+  int32_t* idx = p.idx;
+  T* aux = static_cast<T*>(p.aux);
   // window edges: u = hi - m * beta, l = u - alpha in double (as Python), rounded to T
   std::vector<T> upper(n_w), lower(n_w);
   for (int64_t w = 0; w < n_w; ++w) {
@@ -230,8 +237,14 @@ void backward_pass(const T* sim, int64_t s_q, int64_t s_c, int64_t n_q, int64_t 
 }
 
 template <typename T>
-void backward_impl(const T* sim, int64_t s0, int64_t s1, const int32_t* idx, int64_t n_w, const T* aux, const T* go,
-                   int64_t n, int64_t m, int direction, int reduction, T* grad) {
+void backward_impl(const KendallSwBackward& p) {
+  const T* sim = static_cast<const T*>(p.sim.data);
+  const int64_t s0 = p.sim.s0, s1 = p.sim.s1, n = p.lists.n, m = p.lists.m, n_w = p.n_w;
+  const int32_t* idx = p.idx;
+  const T* aux = static_cast<const T*>(p.aux);
+  const T* go = static_cast<const T*>(p.grad_out);
+  T* grad = static_cast<T*>(p.grad);
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
   const bool i2t = direction & kI2T, t2i = direction & kT2I;
   const int64_t n_total = (i2t ? n : 0) + (t2i ? m : 0);
   const T* coef = aux + 2 * n_total;
@@ -253,23 +266,12 @@ void backward_impl(const T* sim, int64_t s0, int64_t s1, const int32_t* idx, int
 
 }  // namespace
 
-void kendall_sw_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                        int64_t rel_s0, int64_t rel_s1, int64_t n, int64_t m, double alpha, double beta, double hi,
-                        int64_t n_w, int direction, int reduction, void* loss, int32_t* idx, void* aux) {
-  if (rel_dt != dt) throw std::invalid_argument("fastrank: CPU kendall_sw needs relevance in sim's dtype");
-  FASTRANK_DISPATCH_CPU(dt, T,
-      forward_impl<T>(static_cast<const T*>(sim), sim_s0, sim_s1, static_cast<const T*>(rel), rel_s0, rel_s1, n, m,
-                      alpha, beta, hi, n_w, direction, reduction, static_cast<T*>(loss), idx,
-                      static_cast<T*>(aux)));
+void kendall_sw_forward(const KendallSwForward& p) {
+  if (p.rel_dt != p.lists.dt) throw std::invalid_argument("fastrank: CPU kendall_sw needs relevance in sim's dtype");
+  FASTRANK_DISPATCH_CPU(p.lists.dt, T, forward_impl<T>(p));
 }
 
-void kendall_sw_backward(DType dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const int32_t* idx, int64_t n_w,
-                         const void* aux, const void* grad_out, int64_t n, int64_t m, int direction, int reduction,
-                         void* grad) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      backward_impl<T>(static_cast<const T*>(sim), sim_s0, sim_s1, idx, n_w, static_cast<const T*>(aux),
-                       static_cast<const T*>(grad_out), n, m, direction, reduction, static_cast<T*>(grad)));
-}
+void kendall_sw_backward(const KendallSwBackward& p) { FASTRANK_DISPATCH_CPU(p.lists.dt, T, backward_impl<T>(p)); }
 
 }  // namespace cpu
 }  // namespace fastrank

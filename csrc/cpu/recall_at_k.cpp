@@ -41,14 +41,8 @@ template <typename T> struct RecallHead {
 
 }  // namespace
 
-void recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                         int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                         const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
-                         double tau, void* out, void* ws) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      subset_forward<T>(RecallHead<T>{ks, tk, n_k}, static_cast<const T*>(sim), ss0, ss1, pos, ps0, ps1, mask,
-                        ms0, ms1, n, m, direction, reduction, with_grad != 0, static_cast<T>(tau),
-                        static_cast<T*>(out), static_cast<T*>(ws)));
+void recall_at_k_forward(const RecallAtKForward& p) {
+  FASTRANK_DISPATCH_CPU(p.lists.dt, T, subset_forward<T>(RecallHead<T>{p.ks, p.tk, p.n_k}, p));
 }
 
 }  // namespace cpu

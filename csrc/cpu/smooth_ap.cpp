@@ -28,31 +28,19 @@ template <typename T> struct ApHead {
   }
 };
 
-template <typename T>
-void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0, int64_t ps1,
-                  const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                  int reduction, bool with_grad, T tau, T* out, T* ws) {
-  subset_forward<T>(ApHead<T>{}, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction, reduction,
-                    with_grad, tau, out, ws);
-}
-
 }  // namespace
 
-void smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                       int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                       int direction, int reduction, int with_grad, double tau, void* out, void* ws) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      forward_impl<T>(static_cast<const T*>(sim), ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction,
-                      reduction, with_grad != 0, static_cast<T>(tau), static_cast<T*>(out), static_cast<T*>(ws)));
+void smooth_ap_forward(const SmoothApForward& p) {
+  FASTRANK_DISPATCH_CPU(p.lists.dt, T, subset_forward<T>(ApHead<T>{}, p));
 }
 
-void smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                          int direction, int reduction, const void* grad_out, int64_t gs, const void* ws,
-                          void* grad) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      backward_elementwise<T>(smooth_rank_layout(n, m, direction), mask, ms0, ms1, n, m, reduction,
-                              static_cast<const T*>(grad_out), gs, static_cast<const T*>(ws),
-                              static_cast<T*>(grad), [](int, int64_t) { return T(1); }));
+void smooth_rank_backward(const SmoothRankBackward& p) {
+  const int64_t n = p.lists.n, m = p.lists.m;
+  FASTRANK_DISPATCH_CPU(p.lists.dt, T,
+      backward_elementwise<T>(smooth_rank_layout(n, m, p.lists.direction), p.mask.data, p.mask.s0, p.mask.s1, n, m,
+                              p.lists.reduction, static_cast<const T*>(p.grad_out.data), p.grad_out.s,
+                              static_cast<const T*>(p.ws), static_cast<T*>(p.grad),
+                              [](int, int64_t) { return T(1); }));
 }
 
 }  // namespace cpu

@@ -122,10 +122,17 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
 }
 
 template <typename T>
-void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t rs0, int64_t rs1,
-                  const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                  int reduction, bool with_grad, T tau, T* out, T* ws) {
-  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+void forward_impl(const SmoothNdcgForward& p) {
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, rs0 = p.rel.s0, rs1 = p.rel.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
+  const T* sim = static_cast<const T*>(p.sim.data);
+  const T* rel = static_cast<const T*>(p.rel.data);
+  const uint8_t* mask = p.mask.data;
+  const bool with_grad = p.with_grad;
+  const T tau = static_cast<T>(p.tau);
+  T* out = static_cast<T*>(p.out);
+  T* ws = static_cast<T*>(p.ws);
+  const SmoothRankLayout L = smooth_rank_layout(n, m, p.lists.direction);
   const View v[2] = {view_of(false, n, m, ss0, ss1, rs0, rs1, ms0, ms1),
                      view_of(true, n, m, ss0, ss1, rs0, rs1, ms0, ms1)};
   const T inv_tau = T(1) / tau;
@@ -135,7 +142,7 @@ void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t 
   T* idcg = ws + L.idcg;
   T* G[2] = {ws + L.a1, ws + L.a2};
   const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
-  run_queries<T>(L, n, m, work, reduction, out, ws, [&] { return Scratch<T>(c_max, with_grad); },
+  run_queries<T>(L, n, m, work, p.lists.reduction, out, ws, [&] { return Scratch<T>(c_max, with_grad); },
                  [&](Scratch<T>& w, int d, int64_t q, int64_t* counted) {
                    return forward_query(v[d], q, sim, rel, mask, inv_tau, disc.data(), w, with_grad, G[d],
                                         idcg + (d == 0 ? 0 : L.nq1), counted);
@@ -144,40 +151,26 @@ void forward_impl(const T* sim, int64_t ss0, int64_t ss1, const T* rel, int64_t 
 
 // G carries the gradient up to the per-query factor -1 / (tau * IDCG) (0 for a constant loss).
 template <typename T>
-void backward_impl(const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                   int reduction, T tau, const T* grad_out, int64_t gs, const T* ws, T* grad) {
-  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+void backward_impl(const SmoothNdcgBackward& p) {
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const T tau = static_cast<T>(p.tau);
+  const T* ws = static_cast<const T*>(p.ws);
+  const SmoothRankLayout L = smooth_rank_layout(n, m, p.lists.direction);
   const T inv_tau = T(1) / tau;
   const T* idcg = ws + L.idcg;
-  backward_elementwise<T>(L, mask, ms0, ms1, n, m, reduction, grad_out, gs, ws, grad, [&](int, int64_t qi) {
+  backward_elementwise<T>(L, p.mask.data, p.mask.s0, p.mask.s1, n, m, p.lists.reduction,
+                          static_cast<const T*>(p.grad_out.data), p.grad_out.s, ws, static_cast<T*>(p.grad),
+                          [&](int, int64_t qi) {
     return idcg[qi] > T(0) ? -inv_tau / idcg[qi] : T(0);
   });
 }
 
 }  // namespace
 
-void smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
-                         int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                         int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
-                         void* out, void* ws) {
-  FASTRANK_DISPATCH_CPU(dt, T,
-      forward_impl<T>(static_cast<const T*>(sim), ss0, ss1, static_cast<const T*>(rel), rs0, rs1, mask,
-                      ms0, ms1, n, m, direction, reduction, with_grad != 0, static_cast<T>(tau),
-                      static_cast<T*>(out), static_cast<T*>(ws)));
-}
+void smooth_ndcg_forward(const SmoothNdcgForward& p) { FASTRANK_DISPATCH_CPU(p.lists.dt, T, forward_impl<T>(p)); }
 
-void smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask,
-                          int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                          int reduction, double tau, const void* grad_out, int64_t gs,
-                          const void* ws, void* grad) {
-  (void)sim;  // the forward kept G: the backward is elementwise
-  (void)ss0;
-  (void)ss1;
-  FASTRANK_DISPATCH_CPU(dt, T,
-      backward_impl<T>(mask, ms0, ms1, n, m, direction, reduction, static_cast<T>(tau),
-                       static_cast<const T*>(grad_out), gs, static_cast<const T*>(ws),
-                       static_cast<T*>(grad)));
-}
+// the forward kept G: the backward is elementwise
+void smooth_ndcg_backward(const SmoothNdcgBackward& p) { FASTRANK_DISPATCH_CPU(p.lists.dt, T, backward_impl<T>(p)); }
 
 }  // namespace cpu
 }  // namespace fastrank

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fastrank/smooth_ap.h"
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
@@ -520,10 +521,17 @@ void backward_elementwise(const SmoothRankLayout& L, const uint8_t* mask, int64_
 // The whole forward of a subset head (Smooth-AP, Recall@k): every query of the requested
 // directions (t2i through swapped strides), the reduction, G into ws (smooth_rank.h).
 template <typename T, class Head>
-void subset_forward(const Head& head, const T* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                    int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                    int direction, int reduction, bool with_grad, T tau, T* out, T* ws) {
-  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+void subset_forward(const Head& head, const SmoothApForward& p) {
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, ps0 = p.pos.s0, ps1 = p.pos.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
+  const T* sim = static_cast<const T*>(p.sim.data);
+  const uint8_t* pos = p.pos.data;
+  const uint8_t* mask = p.mask.data;
+  const bool with_grad = p.with_grad;
+  const T tau = static_cast<T>(p.tau);
+  T* out = static_cast<T*>(p.out);
+  T* ws = static_cast<T*>(p.ws);
+  const SmoothRankLayout L = smooth_rank_layout(n, m, p.lists.direction);
   const View v[2] = {view_of(false, n, m, ss0, ss1, ps0, ps1, ms0, ms1),
                      view_of(true, n, m, ss0, ss1, ps0, ps1, ms0, ms1)};
   const T inv_tau = T(1) / tau;
@@ -535,7 +543,7 @@ void subset_forward(const Head& head, const T* sim, int64_t ss0, int64_t ss1, co
   // the column queries of a row-major matrix without a mask go in tiles of kTile
   const bool tiles = L.d2 && mask == nullptr && v[1].sc != 1 && v[1].sq == 1 && v[1].rq == 1;
   run_queries<T>(
-      L, n, m, work, reduction, out, ws, [&] { return SubsetScratch<T>(c_max); },
+      L, n, m, work, p.lists.reduction, out, ws, [&] { return SubsetScratch<T>(c_max); },
       [&](SubsetScratch<T>& w, int d, int64_t q, int64_t* counted) {
         if (d == 1 && tiles) return subset_column_query(head, v[d], q, sim, pos, inv_tau, w, with_grad, G[d], counted);
         return subset_query(head, v[d], q, sim, pos, mask, inv_tau, w, with_grad, G[d], counted);

@@ -280,61 +280,58 @@ int64_t fast_rerank_workspace(int64_t n, int64_t m) {
   return 2 * (L.gy * m + L.gx * n);  // >= backward's gy*m + gx*n + m + n; <= 128 (n + m)
 }
 
-int fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m, double g1,
-                    double l1, void* workspace, void* col_lse, void* row_lse, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+int fast_rerank_lse(const FastRerankLse& p) {
+  const int64_t n = p.n, m = p.m;
   const Launch L(n, m);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
+  FASTRANK_DISPATCH_CUDA(p.dt, T, {
     using A = acc_t<T>;
-    return lse_launch<T>(static_cast<const T*>(sim), sim_sr, sim_sc, n, m, static_cast<A>(g1), static_cast<A>(l1),
-                         static_cast<A*>(workspace), static_cast<A*>(col_lse), static_cast<A*>(row_lse), st, L);
+    return lse_launch<T>(static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, n, m, static_cast<A>(p.g1),
+                         static_cast<A>(p.l1), static_cast<A*>(p.workspace), static_cast<A*>(p.col_lse),
+                         static_cast<A*>(p.row_lse), static_cast<cudaStream_t>(p.stream), L);
   });
   return 0;
 }
 
-int fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                        double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
-                        void* row_lse, void* i2t, void* t2i, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+int fast_rerank_forward(const FastRerankForward& p) {
+  const int64_t n = p.n, m = p.m, sim_sr = p.sim.s0, sim_sc = p.sim.s1;
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
   const Launch L(n, m);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
+  FASTRANK_DISPATCH_CUDA(p.dt, T, {
     using A = acc_t<T>;
-    const T* s = static_cast<const T*>(sim);
-    const int e = lse_launch<T>(s, sim_sr, sim_sc, n, m, static_cast<A>(g1), static_cast<A>(l1),
-                                static_cast<A*>(workspace), static_cast<A*>(col_lse), static_cast<A*>(row_lse),
+    const T* s = static_cast<const T*>(p.sim.data);
+    const int e = lse_launch<T>(s, sim_sr, sim_sc, n, m, static_cast<A>(p.g1), static_cast<A>(p.l1),
+                                static_cast<A*>(p.workspace), static_cast<A*>(p.col_lse), static_cast<A*>(p.row_lse),
                                 st, L);
     if (e != 0) return e;
     return launch(scores_kernel<T>, L.elems, kThreads, 0, st, s, sim_sr, sim_sc, n, m,
-                  static_cast<const A*>(col_lse), static_cast<const A*>(row_lse), static_cast<A>(g2),
-                  static_cast<A>(l2), static_cast<T*>(i2t), static_cast<T*>(t2i));
+                  static_cast<const A*>(p.col_lse), static_cast<const A*>(p.row_lse), static_cast<A>(p.g2),
+                  static_cast<A>(p.l2), static_cast<T*>(p.i2t), static_cast<T*>(p.t2i));
   });
   return 0;
 }
 
-int fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                         const void* g_i2t, int64_t gi_sr, int64_t gi_sc, const void* g_t2i, int64_t gt_sr,
-                         int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
-                         double l1, double l2, void* workspace, void* grad_sim, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+int fast_rerank_backward(const FastRerankBackward& p) {
+  const int64_t n = p.n, m = p.m;
+  const int64_t gi_sr = p.g_i2t.s0, gi_sc = p.g_i2t.s1, gt_sr = p.g_t2i.s0, gt_sc = p.g_t2i.s1;
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
   const Launch L(n, m);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
+  FASTRANK_DISPATCH_CUDA(p.dt, T, {
     using A = acc_t<T>;
-    const T* G1 = static_cast<const T*>(g_i2t);
-    const T* G2 = static_cast<const T*>(g_t2i);
-    A* ws = static_cast<A*>(workspace);
-    // workspace: [block row][j] G1 column partials, [block column][i] G2 row partials, a1 (m), b2 (n)
+    const T* G1 = static_cast<const T*>(p.g_i2t.data);
+    const T* G2 = static_cast<const T*>(p.g_t2i.data);
+    A* ws = static_cast<A*>(p.workspace);
     A* a1 = ws + L.gy * m + L.gx * n;
     A* b2 = a1 + m;
     int e = launch(sums_tile_kernel<T>, L.tiles, kThreads, 0, st, G1, gi_sr, gi_sc, G2, gt_sr, gt_sc, n, m, L.nrt,
                    L.nct, ws);
     if (e != 0) return e;
     e = launch(sums_merge_kernel<A>, L.merge, kThreads, 0, st, ws, G1 != nullptr, G2 != nullptr, n, m, L.gx, L.gy,
-               static_cast<A>(g1), static_cast<A>(l1));
+               static_cast<A>(p.g1), static_cast<A>(p.l1));
     if (e != 0) return e;
-    return launch(grad_kernel<T>, L.elems, kThreads, 0, st, static_cast<const T*>(sim), sim_sr, sim_sc, G1, gi_sr,
-                  gi_sc, G2, gt_sr, gt_sc, n, m, static_cast<const A*>(col_lse), static_cast<const A*>(row_lse), a1,
-                  b2, static_cast<A>(g1), static_cast<A>(g2), static_cast<A>(l1), static_cast<A>(l2),
-                  static_cast<T*>(grad_sim));
+    return launch(grad_kernel<T>, L.elems, kThreads, 0, st, static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1,
+                  G1, gi_sr, gi_sc, G2, gt_sr, gt_sc, n, m, static_cast<const A*>(p.col_lse),
+                  static_cast<const A*>(p.row_lse), a1, b2, static_cast<A>(p.g1), static_cast<A>(p.g2),
+                  static_cast<A>(p.l1), static_cast<A>(p.l2), static_cast<T*>(p.grad));
   });
   return 0;
 }

@@ -38,14 +38,17 @@ constexpr int kThreads = 256;
 constexpr int kChunk = 1024;
 
 template <typename T, typename R>
-__global__ void __launch_bounds__(kThreads, min_blocks<T>(5, 4)) kendall_kernel(const T* __restrict__ sim, int64_t s0, int64_t s1,
-                                                           const R* __restrict__ rel, int64_t r0, int64_t r1,
-                                                           const uint8_t* __restrict__ mask, int64_t m0, int64_t m1,
-                                                           int64_t n, int64_t m, int64_t n_i2t, int64_t n_total,
-                                                           acc_t<T> alpha, acc_t<T>* __restrict__ dsim,
-                                                           acc_t<T>* __restrict__ aux,
-                                                           acc_t<T>* __restrict__ loss_none) {
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(5, 4))
+kendall_kernel(const KendallForward p, int64_t n_i2t, int64_t n_total, acc_t<T> alpha,
+               acc_t<T>* __restrict__ loss_none) {
   using A = acc_t<T>;
+  const T* __restrict__ sim = static_cast<const T*>(p.sim.data);
+  const R* __restrict__ rel = static_cast<const R*>(p.rel.data);
+  const uint8_t* __restrict__ mask = p.mask.data;
+  A* __restrict__ dsim = static_cast<A*>(p.dsim);
+  A* __restrict__ aux = static_cast<A*>(p.aux);
+  const int64_t s0 = p.sim.s0, s1 = p.sim.s1, r0 = p.rel.s0, r1 = p.rel.s1, m0 = p.mask.s0, m1 = p.mask.s1;
+  const int64_t n = p.lists.n, m = p.lists.m;
   __shared__ A s_k[kChunk];
   __shared__ A r_k[kChunk];
   __shared__ A ra_k[kChunk];
@@ -146,48 +149,39 @@ __global__ void __launch_bounds__(kThreads) kendall_backward_kernel(const acc_t<
 }
 
 template <typename T, typename R>
-int launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1,
-                   const uint8_t* mask, int64_t m0, int64_t m1, int64_t n, int64_t m, double alpha, int direction,
-                   int reduction, void* loss, void* dsim, void* aux, cudaStream_t st) {
+int launch_forward(const KendallForward& p) {
   using A = acc_t<T>;
-  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
+  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0, n_t2i = (p.lists.direction & kT2I) ? p.lists.m : 0;
   const int64_t n_total = n_i2t + n_t2i;
-  A* aux_a = static_cast<A*>(aux);
-  const int e = launch(kendall_kernel<T, R>, strided_grid(n_total), kThreads, 0, st, static_cast<const T*>(sim),
-                       s0, s1, static_cast<const R*>(rel), r0, r1, mask, m0, m1, n, m, n_i2t, n_total,
-                       static_cast<A>(alpha), static_cast<A*>(dsim), aux_a,
-                       reduction == kNone ? static_cast<A*>(loss) : nullptr);
+  const int reduction = p.lists.reduction;
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
+  A* aux_a = static_cast<A*>(p.aux);
+  const int e = launch(kendall_kernel<T, R>, strided_grid(n_total), kThreads, 0, st, p, n_i2t, n_total,
+                       static_cast<A>(p.alpha), reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
   if (e != 0 || reduction == kNone) return e;
   const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
-  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
+  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(p.loss));
 }
 
 }  // namespace
 
-int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                    int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
-                    int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
-                    void* aux, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
-  FASTRANK_DISPATCH_CUDA(dt, T, {
-    return rel_same ? launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0, mask_s1, n, m,
-                                           alpha, direction, reduction, loss, dsim, aux, st)
-                    : launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, mask, mask_s0,
-                                                  mask_s1, n, m, alpha, direction, reduction, loss, dsim, aux, st);
+int kendall_forward(const KendallForward& p) {
+  const bool rel_same = p.rel_dt == p.lists.dt;  // else relevance is in the accumulation type
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
+    return rel_same ? launch_forward<T, T>(p) : launch_forward<T, acc_t<T>>(p);
   });
   return 0;
 }
 
-int kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
-                     int direction, int reduction, void* grad, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const unsigned blocks = strided_grid((n * m + kThreads - 1) / kThreads, 65536);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
+int kendall_backward(const KendallBackward& p) {
+  const unsigned blocks = strided_grid((p.lists.n * p.lists.m + kThreads - 1) / kThreads, 65536);
+  // this kernel keeps its own argument list: taking the struct whole cost it registers
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
     using A = acc_t<T>;
-    return launch(kendall_backward_kernel<T>, blocks, kThreads, 0, st, static_cast<const A*>(dsim),
-                  static_cast<const A*>(aux), static_cast<const A*>(grad_out), n, m, (direction & kI2T) != 0,
-                  (direction & kT2I) != 0, reduction == kNone, static_cast<T*>(grad));
+    return launch(kendall_backward_kernel<T>, blocks, kThreads, 0, static_cast<cudaStream_t>(p.stream),
+                  static_cast<const A*>(p.dsim), static_cast<const A*>(p.aux), static_cast<const A*>(p.grad_out),
+                  p.lists.n, p.lists.m, (p.lists.direction & kI2T) != 0, (p.lists.direction & kT2I) != 0,
+                  p.lists.reduction == kNone, static_cast<T*>(p.grad));
   });
   return 0;
 }

@@ -80,13 +80,15 @@ __device__ __forceinline__ int count_above(const Edges& e, int n_w, A x) {
 }
 
 template <typename T, typename R>
-__global__ void __launch_bounds__(kThreads) sw_forward_kernel(const T* __restrict__ sim, int64_t s0, int64_t s1,
-                                                              const R* __restrict__ rel, int64_t r0, int64_t r1,
-                                                              int64_t n, int64_t m, int64_t n_i2t, int64_t n_total,
-                                                              Edges edges, int n_w, acc_t<T>* __restrict__ aux,
-                                                              int32_t* __restrict__ idx,
-                                                              acc_t<T>* __restrict__ loss_none) {
+__global__ void __launch_bounds__(kThreads) sw_forward_kernel(const KendallSwForward p, int64_t n_i2t, int64_t n_total,
+                                                              Edges edges, acc_t<T>* __restrict__ loss_none) {
   using A = acc_t<T>;
+  const T* __restrict__ sim = static_cast<const T*>(p.sim.data);
+  const R* __restrict__ rel = static_cast<const R*>(p.rel.data);
+  A* __restrict__ aux = static_cast<A*>(p.aux);
+  int32_t* __restrict__ idx = p.idx;
+  const int64_t s0 = p.sim.s0, s1 = p.sim.s1, r0 = p.rel.s0, r1 = p.rel.s1, n = p.lists.n, m = p.lists.m;
+  const int n_w = static_cast<int>(p.n_w);
   __shared__ unsigned long long p_key[kWin], n_key[kWin];
   __shared__ int p_idx[kWin], n_idx[kWin];
   __shared__ A scratch[kThreads];
@@ -230,53 +232,44 @@ __global__ void __launch_bounds__(kTileC * kTileR) sw_backward_kernel(
 }
 
 template <typename T, typename R>
-int launch_forward(const void* sim, int64_t s0, int64_t s1, const void* rel, int64_t r0, int64_t r1, int64_t n,
-                   int64_t m, Edges edges, int n_w, int direction, int reduction, void* loss, int32_t* idx,
-                   void* aux, cudaStream_t st) {
+int launch_forward(const KendallSwForward& p) {
   using A = acc_t<T>;
-  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
+  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0, n_t2i = (p.lists.direction & kT2I) ? p.lists.m : 0;
   const int64_t n_total = n_i2t + n_t2i;
-  A* aux_a = static_cast<A*>(aux);
-  const int e = launch(sw_forward_kernel<T, R>, strided_grid(n_total), kThreads, 0, st,
-                       static_cast<const T*>(sim), s0, s1, static_cast<const R*>(rel), r0, r1, n, m, n_i2t,
-                       n_total, edges, n_w, aux_a, idx, reduction == kNone ? static_cast<A*>(loss) : nullptr);
+  const int reduction = p.lists.reduction;
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
+  const Edges edges{p.alpha, p.beta, p.hi};
+  A* aux_a = static_cast<A*>(p.aux);
+  const int e = launch(sw_forward_kernel<T, R>, strided_grid(n_total), kThreads, 0, st, p, n_i2t, n_total, edges,
+                       reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
   if (e != 0 || reduction == kNone) return e;
   const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
-  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(loss));
+  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(p.loss));
 }
 
 }  // namespace
 
-int kendall_sw_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                       int64_t rel_s0, int64_t rel_s1, int64_t n, int64_t m, double alpha, double beta, double hi,
-                       int64_t n_w, int direction, int reduction, void* loss, int32_t* idx, void* aux,
-                       void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const Edges edges{alpha, beta, hi};
-  const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
-  FASTRANK_DISPATCH_CUDA(dt, T, {
-    return rel_same ? launch_forward<T, T>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, n, m, edges,
-                                           static_cast<int>(n_w), direction, reduction, loss, idx, aux, st)
-                    : launch_forward<T, acc_t<T>>(sim, sim_s0, sim_s1, rel, rel_s0, rel_s1, n, m, edges,
-                                                  static_cast<int>(n_w), direction, reduction, loss, idx, aux, st);
+int kendall_sw_forward(const KendallSwForward& p) {
+  const bool rel_same = p.rel_dt == p.lists.dt;  // else relevance is in the accumulation type
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
+    return rel_same ? launch_forward<T, T>(p) : launch_forward<T, acc_t<T>>(p);
   });
   return 0;
 }
 
-int kendall_sw_backward(DType dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const int32_t* idx, int64_t n_w,
-                        const void* aux, const void* grad_out, int64_t n, int64_t m, int direction, int reduction,
-                        void* grad, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+int kendall_sw_backward(const KendallSwBackward& p) {
   // row tiles x column tiles on a flat gridDim.x (no 65535 limit on either)
-  const int64_t tiles_c = (m + kTileC - 1) / kTileC;
-  const unsigned grid = flat_grid((n + kTileR - 1) / kTileR * tiles_c);
+  const int64_t tiles_c = (p.lists.m + kTileC - 1) / kTileC;
+  const unsigned grid = flat_grid((p.lists.n + kTileR - 1) / kTileR * tiles_c);
   if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
+  // this kernel keeps its own argument list: taking the struct whole cost it registers
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
     using A = acc_t<T>;
-    return launch(sw_backward_kernel<T>, grid, kTileC * kTileR, 0, st, static_cast<const T*>(sim), sim_s0, sim_s1,
-                  idx, static_cast<int>(n_w), static_cast<const A*>(aux), static_cast<const A*>(grad_out), n, m,
-                  (direction & kI2T) != 0, (direction & kT2I) != 0, reduction == kNone, tiles_c,
-                  static_cast<T*>(grad));
+    return launch(sw_backward_kernel<T>, grid, kTileC * kTileR, 0, static_cast<cudaStream_t>(p.stream),
+                  static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, p.idx, static_cast<int>(p.n_w),
+                  static_cast<const A*>(p.aux), static_cast<const A*>(p.grad_out), p.lists.n, p.lists.m,
+                  (p.lists.direction & kI2T) != 0, (p.lists.direction & kT2I) != 0, p.lists.reduction == kNone,
+                  tiles_c, static_cast<T*>(p.grad));
   });
   return 0;
 }

@@ -43,22 +43,15 @@ struct RecallHead {
 
 }  // namespace
 
-int recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                        int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                        const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
-                        double tau, void* out, void* ws, void* partials, void* stream) {
-  if (n_k < 1 || n_k > kMaxKs) return static_cast<int>(cudaErrorInvalidValue);
+int recall_at_k_forward(const RecallAtKForward& p) {
+  if (p.n_k < 1 || p.n_k > kMaxKs) return static_cast<int>(cudaErrorInvalidValue);
   RecallHead head{};
-  for (int i = 0; i < n_k; ++i) {
-    head.ks[i] = ks[i];
-    head.tk[i] = tk[i];
+  for (int i = 0; i < p.n_k; ++i) {
+    head.ks[i] = p.ks[i];
+    head.tk[i] = p.tk[i];
   }
-  head.n_k = n_k;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
-    return rank::subset_forward<T>(head, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction, reduction,
-                                   with_grad, tau, out, ws, partials, st);
-  });
+  head.n_k = p.n_k;
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, { return rank::subset_forward<T>(head, p); });
   return 0;
 }
 

@@ -26,26 +26,14 @@ struct ApHead {
 
 }  // namespace
 
-int smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                      int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                      int direction, int reduction, int with_grad, double tau, void* out, void* ws, void* partials,
-                      void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
-    return rank::subset_forward<T>(ApHead{}, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction,
-                                   reduction, with_grad, tau, out, ws, partials, st);
-  });
+int smooth_ap_forward(const SmoothApForward& p) {
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, { return rank::subset_forward<T>(ApHead{}, p); });
   return 0;
 }
 
-int smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                         int direction, int reduction, const void* grad_out, int64_t gs, const void* ws, void* grad,
-                         void* stream) {
-  (void)mask;  // masked entries of G are 0
-  (void)ms0;
-  (void)ms1;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  FASTRANK_DISPATCH_CUDA(dt, T, { return rank::subset_backward<T>(n, m, direction, reduction, grad_out, gs, ws, grad, st); });
+// masked entries of G are 0: the backward reads no mask
+int smooth_rank_backward(const SmoothRankBackward& p) {
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, { return rank::subset_backward<T>(p); });
   return 0;
 }
 

@@ -22,6 +22,8 @@
 // scores never round float32 labels); every staged value is reused by 16 threads, and global reads are coalesced
 // along rows (16-element segments for the t2i columns of a row-major sim). Masked items
 // are staged with a 0 flag (a predicate, not a compaction) and their values never read.
+// Kernel arguments: the entry point's parameter struct (smooth_ndcg.h) whole, by value, plus
+// what the launcher derives from it (tiles of m, 1 / tau in the accumulation type, offsets).
 // Saved state: ws = a per direction (n * m A each), idcg, counts; partials (3 values per
 // query per tile, about 3/16 of an (n, m) matrix per direction) live only in the forward.
 // Each ordered pair is evaluated by the thread of each of its two elements: on a GPU the
@@ -36,7 +38,7 @@ namespace fastrank {
 namespace cuda {
 namespace {
 
-constexpr int kTile = 16;                  // element tile edge (smooth_ndcg.py: _TILE)
+constexpr int kTile = kSmoothNdcgTile;     // element tile edge (smooth_ndcg.h)
 constexpr int kThreads = kTile * kTile;    // one thread per element of the tile
 constexpr int kChunk = 32;                 // candidates staged per shared-memory step
 constexpr int kFinalThreads = 1024;        // finalize: one block (power of two)
@@ -68,11 +70,15 @@ __device__ __forceinline__ void stage_chunk(int d, int64_t c0, int64_t i0, int64
 
 template <typename T, typename R>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(3, 4))
-forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const R* __restrict__ rel, int64_t rs0,
-              int64_t rs1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-              int64_t tiles_m, int direction, acc_t<T> inv_tau, acc_t<T>* __restrict__ a1, acc_t<T>* __restrict__ a2,
-              acc_t<T>* __restrict__ part1, acc_t<T>* __restrict__ part2) {
+forward_tiles(const SmoothNdcgForward p, int64_t tiles_m, acc_t<T> inv_tau, acc_t<T>* __restrict__ a1,
+              acc_t<T>* __restrict__ a2, acc_t<T>* __restrict__ part1, acc_t<T>* __restrict__ part2) {
   using A = acc_t<T>;
+  const T* __restrict__ sim = static_cast<const T*>(p.sim.data);
+  const R* __restrict__ rel = static_cast<const R*>(p.rel.data);
+  const uint8_t* __restrict__ mask = p.mask.data;
+  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, rs0 = p.rel.s0, rs1 = p.rel.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int direction = p.lists.direction;
   __shared__ A sh_s[kTile][kChunk + 1];  // staged scores   [tile row or column][candidate]
   __shared__ A sh_g[kTile][kChunk + 1];  // staged gains
   __shared__ bool sh_v[kTile][kChunk + 1];  // staged "in the list"
@@ -146,9 +152,11 @@ forward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const R* __re
 
 template <typename A>
 __global__ void __launch_bounds__(kFinalThreads)
-finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict__ part1,
-         const A* __restrict__ part2, A* __restrict__ ws, A* __restrict__ out) {
+finalize(const Lists lists, const A* __restrict__ part1, const A* __restrict__ part2, A* __restrict__ ws,
+         A* __restrict__ out) {
   __shared__ A scratch[kFinalThreads];
+  const int64_t n = lists.n, m = lists.m;
+  const int direction = lists.direction, reduction = lists.reduction;
   const Layout L = smooth_rank_layout(n, m, direction);
   A total = 0;
   int64_t off = 0;
@@ -191,11 +199,16 @@ finalize(int64_t n, int64_t m, int direction, int reduction, const A* __restrict
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(3, 2))
-backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ mask, int64_t ms0,
-               int64_t ms1, int64_t n, int64_t m, int64_t tiles_m, int direction, int reduction, acc_t<T> inv_tau,
-               const acc_t<T>* __restrict__ grad_out, int64_t gs, const acc_t<T>* __restrict__ ws,
-               T* __restrict__ grad) {
+backward_tiles(const SmoothNdcgBackward p, int64_t tiles_m, acc_t<T> inv_tau) {
   using A = acc_t<T>;
+  const T* __restrict__ sim = static_cast<const T*>(p.sim.data);
+  const uint8_t* __restrict__ mask = p.mask.data;
+  const A* __restrict__ grad_out = static_cast<const A*>(p.grad_out.data);
+  const A* __restrict__ ws = static_cast<const A*>(p.ws);
+  T* __restrict__ grad = static_cast<T*>(p.grad);
+  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, ms0 = p.mask.s0, ms1 = p.mask.s1, gs = p.grad_out.s;
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
   __shared__ A sh_s[kTile][kChunk + 1];
   __shared__ A sh_a[kTile][kChunk + 1];
   __shared__ bool sh_v[kTile][kChunk + 1];
@@ -254,53 +267,40 @@ backward_tiles(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_
 }
 
 template <typename T, typename R>
-int launch_forward(const void* sim, int64_t ss0, int64_t ss1, const void* rel, int64_t rs0, int64_t rs1,
-                   const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                   int reduction, double tau, void* out, void* ws, void* partials, cudaStream_t st) {
+int launch_forward(const SmoothNdcgForward& p) {
   using A = acc_t<T>;
-  const Layout L = smooth_rank_layout(n, m, direction);
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const Layout L = smooth_rank_layout(n, m, p.lists.direction);
   const unsigned grid = flat_grid(tiles(n) * tiles(m));
   if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
-  A* w = static_cast<A*>(ws);
-  A* part1 = static_cast<A*>(partials);
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
+  A* w = static_cast<A*>(p.ws);
+  A* part1 = static_cast<A*>(p.partials);
   A* part2 = part1 + (L.d1 ? 3 * n * tiles(m) : 0);
-  const int e = launch(forward_tiles<T, R>, grid, kThreads, 0, st, static_cast<const T*>(sim), ss0, ss1,
-                       static_cast<const R*>(rel), rs0, rs1, mask, ms0, ms1, n, m, tiles(m), direction,
-                       static_cast<A>(1.0 / tau), w + L.a1, w + L.a2, part1, part2);
+  const int e = launch(forward_tiles<T, R>, grid, kThreads, 0, st, p, tiles(m), static_cast<A>(1.0 / p.tau),
+                       w + L.a1, w + L.a2, part1, part2);
   if (e != 0) return e;
-  return launch(finalize<A>, 1, kFinalThreads, 0, st, n, m, direction, reduction, part1, part2, w,
-                static_cast<A*>(out));
+  return launch(finalize<A>, 1, kFinalThreads, 0, st, p.lists, part1, part2, w, static_cast<A*>(p.out));
 }
 
 }  // namespace
 
-int smooth_ndcg_forward(DType dt, DType rel_dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
-                        int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n,
-                        int64_t m, int direction, int reduction, int with_grad, double tau, void* out, void* ws,
-                        void* partials, void* stream) {
-  (void)with_grad;  // a is cheap next to the ranks: always written
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool rel_same = rel_dt == dt;  // else relevance is in the accumulation type
-  FASTRANK_DISPATCH_CUDA(dt, T, {
-    return rel_same ? launch_forward<T, T>(sim, ss0, ss1, rel, rs0, rs1, mask, ms0, ms1, n, m, direction,
-                                           reduction, tau, out, ws, partials, st)
-                    : launch_forward<T, acc_t<T>>(sim, ss0, ss1, rel, rs0, rs1, mask, ms0, ms1, n, m, direction,
-                                                  reduction, tau, out, ws, partials, st);
+int smooth_ndcg_forward(const SmoothNdcgForward& p) {
+  const bool rel_same = p.rel_dt == p.lists.dt;  // else relevance is in the accumulation type
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
+    return rel_same ? launch_forward<T, T>(p) : launch_forward<T, acc_t<T>>(p);
   });
   return 0;
 }
 
-int smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask, int64_t ms0,
-                         int64_t ms1, int64_t n, int64_t m, int direction, int reduction, double tau,
-                         const void* grad_out, int64_t gs, const void* ws, void* grad, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+int smooth_ndcg_backward(const SmoothNdcgBackward& p) {
+  const int64_t n = p.lists.n, m = p.lists.m;
   const unsigned grid = flat_grid(tiles(n) * tiles(m));
   if (grid == 0) return static_cast<int>(cudaErrorInvalidConfiguration);
-  FASTRANK_DISPATCH_CUDA(dt, T, {
+  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
     using A = acc_t<T>;
-    return launch(backward_tiles<T>, grid, kThreads, 0, st, static_cast<const T*>(sim), ss0, ss1, mask, ms0,
-                  ms1, n, m, tiles(m), direction, reduction, static_cast<A>(1.0 / tau),
-                  static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws), static_cast<T*>(grad));
+    return launch(backward_tiles<T>, grid, kThreads, 0, static_cast<cudaStream_t>(p.stream), p, tiles(m),
+                  static_cast<A>(1.0 / p.tau));
   });
   return 0;
 }

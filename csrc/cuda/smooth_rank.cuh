@@ -30,6 +30,7 @@
 
 #include "fastrank/common.h"
 #include "fastrank/launch.h"
+#include "fastrank/smooth_ap.h"
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
@@ -267,29 +268,35 @@ subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const
   }
 }
 
+// The launchers take the entry point's struct (smooth_ap.h); these kernels keep their own
+// argument lists: taking the struct whole cost them registers (spills in the half-precision
+// forward under its 64-register budget; docs/cuda-resources.md).
 template <typename T, class Head>
-int subset_forward(const Head& head, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                   int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                   int reduction, int with_grad, double tau, void* out, void* ws, void* partials, cudaStream_t st) {
+int subset_forward(const Head& head, const SmoothApForward& p) {
   using A = acc_t<T>;
+  const int64_t n = p.lists.n, m = p.lists.m;
+  const int direction = p.lists.direction, reduction = p.lists.reduction;
   const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
   const int64_t n_total = n_i2t + n_t2i;
-  A* w = static_cast<A*>(ws);
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
+  A* w = static_cast<A*>(p.ws);
   const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st,
-                       static_cast<const T*>(sim), ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, n, m, direction, n_i2t, n_total,
-                       static_cast<A>(1.0 / tau), head, with_grad, w, static_cast<A*>(partials),
-                       reduction == kNone ? static_cast<A*>(out) : nullptr);
+                       static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,
+                       p.mask.data, p.mask.s0, p.mask.s1, n, m, direction, n_i2t, n_total,
+                       static_cast<A>(1.0 / p.tau), head, int(p.with_grad), w, static_cast<A*>(p.partials),
+                       reduction == kNone ? static_cast<A*>(p.out) : nullptr);
   if (e != 0) return e;
-  return launch(subset_finalize<A>, 1, kThreads, 0, st, n, m, direction, reduction, w, static_cast<A*>(out));
+  return launch(subset_finalize<A>, 1, kThreads, 0, st, n, m, direction, reduction, w, static_cast<A*>(p.out));
 }
 
 template <typename T>
-int subset_backward(int64_t n, int64_t m, int direction, int reduction, const void* grad_out, int64_t gs,
-                    const void* ws, void* grad, cudaStream_t st) {
+int subset_backward(const SmoothRankBackward& p) {
   using A = acc_t<T>;
-  return launch(subset_backward_kernel<T>, strided_grid((n * m + kThreads - 1) / kThreads, 65536), kThreads, 0, st,
-                n, m, direction, reduction, static_cast<const A*>(grad_out), gs, static_cast<const A*>(ws),
-                static_cast<T*>(grad));
+  const int64_t n = p.lists.n, m = p.lists.m;
+  return launch(subset_backward_kernel<T>, strided_grid((n * m + kThreads - 1) / kThreads, 65536), kThreads, 0,
+                static_cast<cudaStream_t>(p.stream), n, m, p.lists.direction, p.lists.reduction,
+                static_cast<const A*>(p.grad_out.data), p.grad_out.s, static_cast<const A*>(p.ws),
+                static_cast<T*>(p.grad));
 }
 
 }  // namespace rank

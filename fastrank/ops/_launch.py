@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .._native import DTYPE_CODE, acc_dtype, cpu_module, cuda_module, emulated_cuda, stream_of
+from .._native import (DIRECTION_CODE, DTYPE_CODE, REDUCTION_CODE, acc_dtype, cpu_module, cuda_module,
+                       emulated_cuda, stream_of)
 
 # the raw cudaStream_t of the current stream, read without building a Stream object
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -69,12 +70,6 @@ def call(name: str, like: torch.Tensor, *args):
     if emulated is not None:
         return getattr(emulated, name)(code, *args, 0)  # the emulator runs every launch at once
     return getattr(module_for(like), name)(code, *args)
-
-
-# Codes passed to the fused kernels (one call computes every requested direction and
-# the reduction; csrc/include/fastrank/common.h: Direction, Reduction).
-DIRECTION_CODE = {"i2t": 1, "t2i": 2, "both": 3}
-REDUCTION_CODE = {"none": 0, "mean": 1, "sum": 2}
 
 
 def mask_args(mask):

@@ -16,20 +16,17 @@ import torch
 from torch import Tensor
 
 from .._native import acc_dtype
-from ._launch import call, cuda_kernels, kernel_input, mask_args, mat
+from ._launch import call, cuda_kernels, kernel_input, mask_args, mat, module_for
 
 
 def sizes(n: int, m: int, direction: int):
-    """(number of per-query losses, elements of ws) for a direction code."""
+    """(number of per-query losses, elements of ws) for a direction code. In Python, not asked
+    of C++, because the register_fake kernels must stay symbolic under torch.compile:
+    tests/test_native_constants.py compares it with the modules' query_count and
+    smooth_rank_ws_numel."""
     d1, d2 = direction & 1, (direction >> 1) & 1
     q = d1 * n + d2 * m
     return q, (d1 + d2) * n * m + 2 * q + 2
-
-
-def partials_numel(n: int, m: int, direction: int) -> int:
-    """CUDA: the positives' ranks and coefficients during the forward (four (n, m) arrays a
-    direction, freed after it)."""
-    return 4 * ((direction & 1) + ((direction >> 1) & 1)) * n * m
 
 
 def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head_args: Sequence,
@@ -45,7 +42,7 @@ def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor],
     args = (*mat(s), *mat(positives), *mask_args(mask), n, m, *head_args, direction, reduction, int(with_grad),
             tau, out.data_ptr(), ws.data_ptr())
     if cuda_kernels(s):
-        part = s.new_empty((partials_numel(n, m, direction),), dtype=acc)
+        part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc)
         call(kernel, s, *args, part.data_ptr())
     else:
         call(kernel, s, *args)

@@ -27,6 +27,13 @@ def _n_total(n: int, m: int, direction: int) -> int:
     return (n if direction & 1 else 0) + (m if direction & 2 else 0)
 
 
+def aux_numel(n: int, m: int, direction: int) -> int:
+    """Elements of aux (csrc/include/fastrank/kendall.h; kendall_sw's too). In Python for the
+    register_fake kernels, which must stay symbolic under torch.compile;
+    tests/test_native_constants.py compares it with the modules' kendall_aux_numel."""
+    return 2 * _n_total(n, m, direction) + 2
+
+
 def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: float, direction: int,
              reduction: int):
     """sim in its kernel dtype, relevance in sim's dtype or the accumulation dtype, mask
@@ -36,7 +43,7 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: floa
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
-    aux = sim.new_empty((2 * n_total + 2,), dtype=acc)
+    aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
     call("kendall_forward", sim, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance), *mask_args(mask), n, m,
          alpha, direction, reduction, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
     return loss, dsim, aux
@@ -67,7 +74,7 @@ def _(sim, relevance, mask, alpha, direction, reduction):
     n_total = _n_total(n, m, direction)
     return (sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc),
             sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc),
-            sim.new_empty((2 * n_total + 2,), dtype=acc))
+            sim.new_empty((aux_numel(n, m, direction),), dtype=acc))
 
 
 @torch.library.custom_op("fastrank::kendall_backward", mutates_args=())

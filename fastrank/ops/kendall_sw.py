@@ -21,6 +21,7 @@ from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_input, mat
+from .kendall import aux_numel
 
 _INT32_MAX = 2**31 - 1
 
@@ -38,7 +39,7 @@ def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: floa
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
-    aux = sim.new_empty((2 * n_total + 2,), dtype=acc)
+    aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
     call("kendall_sw_forward", sim, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance), n, m, alpha, beta, hi,
          n_w, direction, reduction, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
     return loss, idx, aux
@@ -68,7 +69,7 @@ def _(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
     n_total = _n_total(n, m, direction)
     return (sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc),
             torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device),
-            sim.new_empty((2 * n_total + 2,), dtype=acc))
+            sim.new_empty((aux_numel(n, m, direction),), dtype=acc))
 
 
 @torch.library.custom_op("fastrank::kendall_sw_backward", mutates_args=())

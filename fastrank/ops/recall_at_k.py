@@ -15,14 +15,13 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype, has_native
+from .._native import MAX_KS, acc_dtype, has_native
 from .._reduce import directions, orient, reduce_counted
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
-MAX_KS = 32  # csrc/include/fastrank/recall_at_k.h: kMaxKs
 
 
 # ---------------------------------------------------------------- hyper-parameters
@@ -32,7 +31,7 @@ def check_ks(ks) -> Tuple[int, ...]:
     items = ks if isinstance(ks, (tuple, list)) else (ks,)
     if not items:
         raise ValueError("ks must be a positive int or a non-empty sequence of positive ints, got an empty one")
-    if len(items) > MAX_KS:
+    if MAX_KS is not None and len(items) > MAX_KS:
         raise ValueError(f"ks holds at most {MAX_KS} values (the kernels take them by value), got {len(items)}")
     out = []
     for k in items:

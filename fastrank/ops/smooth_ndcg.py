@@ -22,17 +22,9 @@ from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from . import _smooth_rank
 from ._launch import (DIRECTION_CODE, REDUCTION_CODE, apply, call, cuda_kernels, kernel_input, mask_args,
-                      mat)
-
-_TILE = 16  # CUDA tile edge (csrc/cuda/smooth_ndcg.cu: kTile)
-
+                      mat, module_for)
 
 _sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
-
-
-def _partials_numel(n, m, direction: int):
-    d1, d2 = direction & 1, (direction >> 1) & 1
-    return 3 * (d1 * n * ((m + _TILE - 1) // _TILE) + d2 * m * ((n + _TILE - 1) // _TILE))
 
 
 def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
@@ -51,7 +43,7 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float,
     args = (*mat(s), *mat(r), *mask_args(mask), n, m, direction, reduction, int(with_grad), tau, out.data_ptr(),
             ws.data_ptr())
     if cuda:
-        part = s.new_empty((_partials_numel(n, m, direction),), dtype=acc)
+        part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc)
         call("smooth_ndcg_forward", s, DTYPE_CODE[r.dtype], *args, part.data_ptr())
     else:
         call("smooth_ndcg_forward", s, *args)

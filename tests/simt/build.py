@@ -203,7 +203,8 @@ def _toolchain(include_root: Path, sanitize: bool):
     cuda_inc = cuda_include()
     flags = COMMON + (SANITIZE if sanitize else [])
     base = [cxx()] + flags
-    headers = list(include_root.rglob("*.h")) + list(include_root.parent.glob("cuda/*.cuh")) + list(HERE.glob("*.h"))
+    headers = (list(include_root.rglob("*.h")) + list(include_root.parent.glob("cuda/*.cuh"))
+               + list(include_root.parent.glob("bindings/*.h")) + list(HERE.glob("*.h")))
     kernel_cmd = base + ["-DFASTRANK_SIMT", "-include", str(HERE / "cuda_runtime.h"), "-I", str(HERE),
                          "-I", str(include_root), "-I", str(cuda_inc), "-x", "c++"]
     runtime_cmd = base + ["-I", str(HERE), "-I", str(cuda_inc)]

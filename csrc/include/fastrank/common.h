@@ -1,6 +1,6 @@
 // fastrank/common.h: the helpers every kernel shares (CPU and CUDA).
 //
-//  - DType codes (must match fastrank/_native.py: DTYPE_CODE) and dtype dispatch;
+//  - DType codes (exported to Python by csrc/bindings/constants.h) and dtype dispatch;
 //  - the accumulation type of each storage type (float for float/half/bf16, double for double);
 //  - loads/stores that convert storage <-> accumulation type;
 //  - numerically stable logistic pieces: one exp gives sigma(x), sigma(-x) and sigma'(x);
@@ -8,8 +8,8 @@
 //    loops turn into AVX code without -ffast-math);
 //  - gains and discounts of NDCG.
 //
-// Kernels are plain functions over raw pointers, sizes, element strides and a stream:
-// this header includes no torch and no pybind11.
+// Kernels are plain functions over raw pointers, sizes, element strides and a stream, taken
+// as one parameter struct per kernel (params.h): this header includes no torch and no pybind11.
 #pragma once
 
 #include <cmath>
@@ -192,7 +192,7 @@ template <typename A> FR_HD A logistic_deriv(A x) {
 
 // ---- fused-call conventions -----------------------------------------------------------
 // One native loss call computes every requested direction and the reduction itself
-// (codes match fastrank/ops/_launch.py: DIRECTION_CODE, REDUCTION_CODE).
+// (codes exported to Python by csrc/bindings/constants.h: DIRECTION_CODE, REDUCTION_CODE).
 enum Direction : int { kI2T = 1, kT2I = 2, kBoth = 3 };
 enum Reduction : int { kNone = 0, kMean = 1, kSum = 2 };
 

@@ -32,35 +32,70 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/params.h"
 
 namespace fastrank {
+// The parameters of the three entry points (the same on both backends; CUDA adds the
+// stream). dt: sim's storage type; (g1, g2) = gamma, (l1, l2) = lam.
+struct FastRerankLse {
+  DType dt;
+  int64_t n, m;
+  MatIn sim;
+  double g1, l1;
+  void* workspace;
+  void* col_lse;
+  void* row_lse;
+};
+struct FastRerankForward {
+  DType dt;
+  int64_t n, m;
+  MatIn sim;
+  double g1, g2, l1, l2;
+  void* workspace;
+  void* col_lse;
+  void* row_lse;
+  void* i2t;
+  void* t2i;
+};
+struct FastRerankBackward {
+  DType dt;
+  int64_t n, m;
+  MatIn sim;
+  MatIn g_i2t, g_t2i;  // data null: a zero gradient
+  const void* col_lse;
+  const void* row_lse;
+  double g1, g2, l1, l2;
+  void* workspace;
+  void* grad;
+};
+
 namespace cpu {
+using ::fastrank::FastRerankBackward;
+using ::fastrank::FastRerankForward;
+using ::fastrank::FastRerankLse;
 int64_t fast_rerank_workspace(int64_t n, int64_t m);
 // The statistics alone (pass 1): col_lse and row_lse. Returns true when all are finite.
-bool fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                     double g1, double l1, void* workspace, void* col_lse, void* row_lse);
+bool fast_rerank_lse(const FastRerankLse& p);
 // Pass 1 + pass 2: statistics, then both score matrices in one read-write sweep.
 // Returns true when all statistics are finite.
-bool fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                         double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
-                         void* row_lse, void* i2t, void* t2i);
-void fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                          const void* g_i2t, int64_t gi_sr, int64_t gi_sc, const void* g_t2i, int64_t gt_sr,
-                          int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
-                          double l1, double l2, void* workspace, void* grad_sim);
+bool fast_rerank_forward(const FastRerankForward& p);
+void fast_rerank_backward(const FastRerankBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
+struct FastRerankLse : ::fastrank::FastRerankLse {
+  void* stream;  // a cudaStream_t
+};
+struct FastRerankForward : ::fastrank::FastRerankForward {
+  void* stream;
+};
+struct FastRerankBackward : ::fastrank::FastRerankBackward {
+  void* stream;
+};
+// Return a cudaError_t as int (0 = success).
 int64_t fast_rerank_workspace(int64_t n, int64_t m);
-int fast_rerank_lse(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                    double g1, double l1, void* workspace, void* col_lse, void* row_lse, void* stream);
-int fast_rerank_forward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                        double g1, double g2, double l1, double l2, void* workspace, void* col_lse,
-                        void* row_lse, void* i2t, void* t2i, void* stream);
-int fast_rerank_backward(DType dt, const void* sim, int64_t sim_sr, int64_t sim_sc, int64_t n, int64_t m,
-                         const void* g_i2t, int64_t gi_sr, int64_t gi_sc, const void* g_t2i, int64_t gt_sr,
-                         int64_t gt_sc, const void* col_lse, const void* row_lse, double g1, double g2,
-                         double l1, double l2, void* workspace, void* grad_sim, void* stream);
+int fast_rerank_lse(const FastRerankLse& p);
+int fast_rerank_forward(const FastRerankForward& p);
+int fast_rerank_backward(const FastRerankBackward& p);
 }  // namespace cuda
 }  // namespace fastrank

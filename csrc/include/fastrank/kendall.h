@@ -26,8 +26,33 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/params.h"
 
 namespace fastrank {
+
+// aux's elements: 2 * n_total + 2.
+inline int64_t kendall_aux_numel(int64_t n, int64_t m, int direction) { return 2 * query_count(n, m, direction) + 2; }
+
+// The forward's and the backward's parameters (the CPU takes relevance in sim's dtype only;
+// CUDA adds the stream).
+struct KendallForward {
+  Lists lists;
+  DType rel_dt;
+  MatIn sim, rel;
+  MaskIn mask;
+  double alpha;
+  void* loss;
+  void* dsim;
+  void* aux;
+};
+struct KendallBackward {
+  Lists lists;
+  const void* dsim;
+  const void* aux;
+  const void* grad_out;  // contiguous, accumulation type
+  void* grad;
+};
+
 namespace cpu {
 // The reduction of a fused loss call on the CPU, shared by kendall and kendall_sw:
 // aux = [qloss(n_total), qvalid(n_total), coef(2)] with the queries of slab d at
@@ -60,22 +85,22 @@ inline void reduce_queries(T* aux, int64_t n_total, int n_slabs, const int64_t* 
   }
 }
 
-void kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                     int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
-                     int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
-                     void* aux);
-void kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
-                      int direction, int reduction, void* grad);
+using ::fastrank::KendallBackward;
+using ::fastrank::KendallForward;
+void kendall_forward(const KendallForward& p);
+void kendall_backward(const KendallBackward& p);
 }  // namespace cpu
 
 namespace cuda {
 // Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-int kendall_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                    int64_t rel_s0, int64_t rel_s1, const uint8_t* mask, int64_t mask_s0, int64_t mask_s1,
-                    int64_t n, int64_t m, double alpha, int direction, int reduction, void* loss, void* dsim,
-                    void* aux, void* stream);
-int kendall_backward(DType dt, const void* dsim, const void* aux, const void* grad_out, int64_t n, int64_t m,
-                     int direction, int reduction, void* grad, void* stream);
+struct KendallForward : ::fastrank::KendallForward {
+  void* stream;  // a cudaStream_t
+};
+struct KendallBackward : ::fastrank::KendallBackward {
+  void* stream;
+};
+int kendall_forward(const KendallForward& p);
+int kendall_backward(const KendallBackward& p);
 
 #if defined(__CUDACC__)
 // The reduction of a fused loss call on CUDA, shared by kendall and kendall_sw: one block

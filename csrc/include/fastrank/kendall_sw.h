@@ -25,25 +25,47 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/params.h"
 
 namespace fastrank {
+// The forward's and the backward's parameters (the CPU takes relevance in sim's dtype only;
+// CUDA adds the stream). idx: (n_total, n_w, 2) int32; aux: kendall_aux_numel elements
+// (kendall.h's layout).
+struct KendallSwForward {
+  Lists lists;
+  DType rel_dt;
+  MatIn sim, rel;
+  double alpha, beta, hi;
+  int64_t n_w;
+  void* loss;
+  int32_t* idx;
+  void* aux;
+};
+struct KendallSwBackward {
+  Lists lists;
+  MatIn sim;
+  const int32_t* idx;
+  int64_t n_w;
+  const void* aux;
+  const void* grad_out;  // contiguous, accumulation type
+  void* grad;
+};
+
 namespace cpu {
-void kendall_sw_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                        int64_t rel_s0, int64_t rel_s1, int64_t n, int64_t m, double alpha, double beta, double hi,
-                        int64_t n_w, int direction, int reduction, void* loss, int32_t* idx, void* aux);
-void kendall_sw_backward(DType dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const int32_t* idx, int64_t n_w,
-                         const void* aux, const void* grad_out, int64_t n, int64_t m, int direction, int reduction,
-                         void* grad);
+using ::fastrank::KendallSwBackward;
+using ::fastrank::KendallSwForward;
+void kendall_sw_forward(const KendallSwForward& p);
+void kendall_sw_backward(const KendallSwBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-int kendall_sw_forward(DType dt, DType rel_dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const void* rel,
-                       int64_t rel_s0, int64_t rel_s1, int64_t n, int64_t m, double alpha, double beta, double hi,
-                       int64_t n_w, int direction, int reduction, void* loss, int32_t* idx, void* aux,
-                       void* stream);
-int kendall_sw_backward(DType dt, const void* sim, int64_t sim_s0, int64_t sim_s1, const int32_t* idx, int64_t n_w,
-                        const void* aux, const void* grad_out, int64_t n, int64_t m, int direction, int reduction,
-                        void* grad, void* stream);
+struct KendallSwForward : ::fastrank::KendallSwForward {
+  void* stream;  // a cudaStream_t
+};
+struct KendallSwBackward : ::fastrank::KendallSwBackward {
+  void* stream;
+};
+int kendall_sw_forward(const KendallSwForward& p);
+int kendall_sw_backward(const KendallSwBackward& p);
 }  // namespace cuda
 }  // namespace fastrank

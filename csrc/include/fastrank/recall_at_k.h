@@ -12,23 +12,28 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/smooth_ap.h"
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
 
-constexpr int kMaxKs = 32;  // fastrank/ops/recall_at_k.py: MAX_KS
+constexpr int kMaxKs = 32;  // the most ks one call takes (exported to Python: MAX_KS)
 
 namespace cpu {
-void recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                         int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                         const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
-                         double tau, void* out, void* ws);
+struct RecallAtKForward : SmoothApForward {
+  const double* ks;  // n_k values each, host memory
+  const double* tk;
+  int n_k;
+};
+void recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cpu
 
 namespace cuda {
-int recall_at_k_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                        int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                        const double* ks, const double* tk, int n_k, int direction, int reduction, int with_grad,
-                        double tau, void* out, void* ws, void* partials, void* stream);
+struct RecallAtKForward : SmoothApForward {
+  const double* ks;  // n_k values each, host memory (copied into the kernel's arguments)
+  const double* tk;
+  int n_k;
+};
+int recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cuda
 }  // namespace fastrank

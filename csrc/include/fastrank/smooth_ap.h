@@ -17,29 +17,57 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/params.h"
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
 namespace cpu {
-void smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                       int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                       int direction, int reduction, int with_grad, double tau, void* out, void* ws);
+// A subset head's forward (Smooth-AP; Recall@k adds its ks): with_grad = false skips G.
+struct SmoothApForward {
+  Lists lists;
+  MatIn sim;
+  MaskIn pos, mask;
+  double tau;
+  bool with_grad;
+  void* out;
+  void* ws;
+};
 // Shared by Smooth-AP and Recall@k: grad = sum over directions of w_q * G_d (masked: 0).
-void smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                          int direction, int reduction, const void* grad_out, int64_t gs, const void* ws,
-                          void* grad);
+struct SmoothRankBackward {
+  Lists lists;
+  MaskIn mask;
+  VecIn grad_out;  // accumulation type
+  const void* ws;
+  void* grad;
+};
+void smooth_ap_forward(const SmoothApForward& p);
+void smooth_rank_backward(const SmoothRankBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t. `partials`:
-// smooth_rank_partials_numel(n, m, direction) accumulation-type elements, used by the
-// forward only (the ranks and coefficients of the positives).
-int smooth_ap_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* pos, int64_t ps0,
-                      int64_t ps1, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                      int direction, int reduction, int with_grad, double tau, void* out, void* ws,
-                      void* partials, void* stream);
-int smooth_rank_backward(DType dt, const uint8_t* mask, int64_t ms0, int64_t ms1, int64_t n, int64_t m,
-                         int direction, int reduction, const void* grad_out, int64_t gs, const void* ws,
-                         void* grad, void* stream);
+// Entry points return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
+// `partials`: smooth_rank_partials_numel(n, m, direction) accumulation-type elements, used
+// by the forward only (the ranks and coefficients of the positives).
+struct SmoothApForward {
+  Lists lists;
+  MatIn sim;
+  MaskIn pos, mask;
+  double tau;
+  bool with_grad;
+  void* out;
+  void* ws;
+  void* partials;
+  void* stream;
+};
+// The backward reads no mask: masked entries of G are 0.
+struct SmoothRankBackward {
+  Lists lists;
+  VecIn grad_out;  // accumulation type
+  const void* ws;
+  void* grad;
+  void* stream;
+};
+int smooth_ap_forward(const SmoothApForward& p);
+int smooth_rank_backward(const SmoothRankBackward& p);
 }  // namespace cuda
 }  // namespace fastrank

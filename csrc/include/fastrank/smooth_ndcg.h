@@ -8,7 +8,8 @@
 // type (`rel_dt`), so labels are never rounded to a half-precision sim's dtype.
 // mask (uint8 0/1, may be null = every item valid):
 // a masked entry takes part in no rank, gain, pair or IDCG, and its gradient is 0.
-// `direction` and `reduction` are the codes of common.h (Direction, Reduction).
+// `direction` and `reduction` are the codes of common.h (Direction, Reduction). Each entry
+// point takes one parameter struct (params.h), its backend's own.
 //
 // For the list of query q (its valid items j, s_j = sim, g_j = 2^r_j - 1):
 //   pi_j  = 1 + sum_{k != j} sigma((s_k - s_j) / tau)            (Eq. 16)
@@ -35,6 +36,7 @@
 #include <cstdint>
 
 #include "fastrank/common.h"
+#include "fastrank/params.h"
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
@@ -46,27 +48,62 @@ inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
 }
 
 namespace cpu {
-void smooth_ndcg_forward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
-                         int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                         int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
-                         void* out, void* ws);
-void smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask,
-                          int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                          int reduction, double tau, const void* grad_out, int64_t gs,
-                          const void* ws, void* grad);
+// The forward keeps G in ws while each list is in cache (with_grad = false: it skips that
+// pass); the backward is then elementwise over ws and never reads sim.
+struct SmoothNdcgForward {
+  Lists lists;
+  MatIn sim, rel;  // rel in sim's storage type
+  MaskIn mask;
+  double tau;
+  bool with_grad;
+  void* out;
+  void* ws;
+};
+struct SmoothNdcgBackward {
+  Lists lists;
+  MaskIn mask;
+  double tau;
+  VecIn grad_out;  // accumulation type
+  const void* ws;
+  void* grad;
+};
+void smooth_ndcg_forward(const SmoothNdcgForward& p);
+void smooth_ndcg_backward(const SmoothNdcgBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// `partials`: per-tile partial sums of the forward (A elements, freed after it):
-// 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16) if t2i); see smooth_ndcg.cu.
-// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-int smooth_ndcg_forward(DType dt, DType rel_dt, const void* sim, int64_t ss0, int64_t ss1, const void* rel,
-                        int64_t rs0, int64_t rs1, const uint8_t* mask, int64_t ms0, int64_t ms1,
-                        int64_t n, int64_t m, int direction, int reduction, int with_grad, double tau,
-                        void* out, void* ws, void* partials, void* stream);
-int smooth_ndcg_backward(DType dt, const void* sim, int64_t ss0, int64_t ss1, const uint8_t* mask,
-                         int64_t ms0, int64_t ms1, int64_t n, int64_t m, int direction,
-                         int reduction, double tau, const void* grad_out, int64_t gs,
-                         const void* ws, void* grad, void* stream);
+// The forward always writes a (cheap next to the ranks); the backward runs the pair pass
+// over sim. `partials`: per-tile partial sums of the forward (smooth_ndcg_partials_numel
+// accumulation-type elements, freed after it). `stream`: a cudaStream_t. The entry points
+// return a cudaError_t as int (0 = success).
+struct SmoothNdcgForward {
+  Lists lists;
+  DType rel_dt;  // sim's storage type or its accumulation type
+  MatIn sim, rel;
+  MaskIn mask;
+  double tau;
+  void* out;
+  void* ws;
+  void* partials;
+  void* stream;
+};
+struct SmoothNdcgBackward {
+  Lists lists;
+  MatIn sim;
+  MaskIn mask;
+  double tau;
+  VecIn grad_out;  // accumulation type
+  const void* ws;
+  void* grad;
+  void* stream;
+};
+constexpr int kSmoothNdcgTile = 16;  // element tile edge of the CUDA kernels (smooth_ndcg.cu)
+// 3 values per query per tile of its list: 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16) if t2i).
+inline int64_t smooth_ndcg_partials_numel(int64_t n, int64_t m, int direction) {
+  const int64_t t = kSmoothNdcgTile;
+  return 3 * (((direction & kI2T) ? n * ((m + t - 1) / t) : 0) + ((direction & kT2I) ? m * ((n + t - 1) / t) : 0));
+}
+int smooth_ndcg_forward(const SmoothNdcgForward& p);
+int smooth_ndcg_backward(const SmoothNdcgBackward& p);
 }  // namespace cuda
 }  // namespace fastrank

@@ -45,4 +45,10 @@ inline int64_t smooth_rank_ws_numel(int64_t n, int64_t m, int direction) {
   return smooth_rank_layout(n, m, direction).counts + 2;
 }
 
+// CUDA, the subset heads (Smooth-AP, Recall@k): the positives' ranks and coefficients
+// during the forward, four (n, m) arrays per direction (smooth_rank.cuh).
+inline int64_t smooth_rank_partials_numel(int64_t n, int64_t m, int direction) {
+  return 4 * (int64_t((direction & kI2T) != 0) + int64_t((direction & kT2I) != 0)) * n * m;
+}
+
 }  // namespace fastrank

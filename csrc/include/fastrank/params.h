@@ -1,0 +1,47 @@
+// fastrank/params.h: the pieces every kernel's parameter struct is built from, and the
+// codes and sizes the bindings export to Python.
+//
+// Each native kernel (the forward and the backward of each op, per backend) takes one
+// struct, declared in the op's header (smooth_ndcg.h, ...) from these pieces. A binding
+// fills it once from the Python arguments and passes it whole to the entry point; on CUDA
+// the entry point passes it whole to its kernels (as flash-attention passes its
+// Flash_fwd_params). A backend's struct holds what that backend reads, nothing more.
+// Plain aggregates: trivially copyable, so a CUDA kernel can take them by value.
+#pragma once
+
+#include <cstdint>
+
+#include "fastrank/common.h"
+
+namespace fastrank {
+
+// A strided matrix: element (i, j) is data[i * s0 + j * s1], strides in elements. The t2i
+// direction reads the same matrix through swapped strides, never a transposed copy.
+template <typename P> struct Strided {
+  P* data;
+  int64_t s0, s1;
+};
+using MatIn = Strided<const void>;      // scores or labels in a DType of the struct
+using MaskIn = Strided<const uint8_t>;  // a bool matrix read as bytes; data null = every item valid
+
+// A strided vector (the upstream gradient of per-query losses: stride 0 for a broadcast one).
+struct VecIn {
+  const void* data;
+  int64_t s;
+};
+
+// The list arguments of a fused loss call: the storage dtype of sim, the (n, m) shape (the
+// i2t queries are the n rows, the t2i queries the m columns), the directions and the
+// reduction (codes: common.h, Direction and Reduction).
+struct Lists {
+  DType dt;
+  int64_t n, m;
+  int direction, reduction;
+};
+
+// The number of per-query losses of a direction code: n if i2t, + m if t2i.
+FR_HD int64_t query_count(int64_t n, int64_t m, int direction) {
+  return ((direction & kI2T) ? n : 0) + ((direction & kT2I) ? m : 0);
+}
+
+}  // namespace fastrank
