@@ -15,7 +15,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.fastrank-installed
-SOURCES := $(shell find csrc fastrank -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
+SOURCES := $(shell find csrc src -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
            pyproject.toml setup.py CMakeLists.txt
 
 .PHONY: install test test-fast lint demo bench docs wheel test-wheel clean
@@ -95,4 +95,4 @@ test-wheel: wheel
 	.ci/test-wheel dist/fastrank-*.whl
 
 clean:
-	rm -rf build dist $(VENV) fastrank/_C_*.so demo_results site
+	rm -rf build dist $(VENV) src/fastrank/_C_*.so demo_results site

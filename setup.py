@@ -209,7 +209,7 @@ class CMakeBuild(build_ext):
         # Copy then rename: overwriting a loaded .so in place crashes processes using it.
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         src = Path(self.build_lib) / "fastrank"
-        dst = ROOT / "fastrank"
+        dst = ROOT / "src" / "fastrank"
         built = getattr(self, "_fastrank_built", ())
         for name in MODULES:
             if name in built:

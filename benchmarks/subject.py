@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-FIX = "build it: `pip install .` (then run `python benchmarks` or `make bench`), " \
-      "or `python setup.py build_ext --inplace` in the checkout"
+FIX = "build it: `pip install .` (then run `python -m benchmarks` or `make bench`), " \
+      "or `python setup.py build_ext --inplace` in the checkout and run with PYTHONPATH=src"
 
 
 def module_name(device_type: str) -> str:

@@ -175,11 +175,11 @@ def test_list_names_every_case_and_its_file(bench):
 # ---------------------------------------------------------------- the subject
 
 def _checkout_without_native(where: Path) -> Path:
-    """A copy of the checkout's benchmarks/ and fastrank/ with no native module, as after
-    `git clone` (or `pip install .`, which builds into site-packages, not the tree)."""
+    """A copy of the checkout's benchmarks/ and its package beside them, with no native module: a
+    source tree that shadows the build (the src/ layout keeps the real checkout from doing so)."""
     ignore = shutil.ignore_patterns("__pycache__", "results", "*.so", "*.pyd")
     shutil.copytree(BENCH, where / "benchmarks", ignore=ignore)
-    shutil.copytree(ROOT / "fastrank", where / "fastrank", ignore=ignore)
+    shutil.copytree(ROOT / "src" / "fastrank", where / "fastrank", ignore=ignore)
     return where
 
 

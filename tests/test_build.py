@@ -3,11 +3,12 @@
 One checkout, one after another (each round followed by importing fastrank in a fresh
 process and running a native op on CPU):
 
-1. ``pip install .``                       (isolated build, from scratch)
+1. ``pip install .``                       (isolated build, from scratch; ``python -m fastrank info``
+                                            from the checkout's root then reports the installed build)
 2. ``pip install .`` again                 (used to fail: the CMake cache named the deleted
                                             ninja of the first build's isolated environment)
 3. touch a kernel, ``pip install .``        (only that kernel recompiles)
-4. ``pip install -e .``                    (editable: imports the checkout's fastrank/)
+4. ``pip install -e .``                    (editable: imports the checkout's src/fastrank/)
 5. edit the bindings and a kernel, ``python setup.py build_ext --inplace``: the edit is
    imported
 6. ``pip install --no-build-isolation .``
@@ -183,6 +184,10 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     log = run("1. pip install .", [*pip, "install", "-v", "."], src, env)
     assert backend_warnings(log) == []
     installed(check_import(python, tmp_path, env, "1"))
+    # from the checkout's own root, the installed build is imported, never the source tree
+    info = run("1b. python -m fastrank info in the checkout", [python, "-m", "fastrank", "info"], src, env)
+    assert re.search(r"^cpu\s+True$", info, re.M), info
+    assert re.search(rf"^package\s+{re.escape(str(src))}", info, re.M) is None, info
     objs1 = kernel_objects(src)
     levels = {o.split("/")[0] for o in objs1}
     assert "baseline" in levels and (platform.machine() not in ("x86_64", "AMD64") or len(levels) == 3), objs1
@@ -205,8 +210,8 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     # 4. editable: the checkout's package, with its modules next to the sources
     run("4. pip install -e .", [*pip, "install", "-e", "."], src, env)
     info = check_import(python, tmp_path, env, "4")
-    assert Path(info["package"]) == src / "fastrank" / "__init__.py", info
-    assert Path(info["module"]).parent == src / "fastrank", info
+    assert Path(info["package"]) == src / "src" / "fastrank" / "__init__.py", info
+    assert Path(info["module"]).parent == src / "src" / "fastrank", info
     assert kernel_objects(src) == objs3  # the editable build reused the build directory
 
     # 5. the contributor's loop: edit, rebuild in place, and the edit is what is imported
@@ -220,7 +225,7 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     run("5b. edit, python setup.py build_ext --inplace",
         [python, "setup.py", "build_ext", "--inplace"], src, env)
     info = check_import(python, tmp_path, env, "5b")
-    assert info["probe"] == 1 and Path(info["module"]).parent == src / "fastrank", info
+    assert info["probe"] == 1 and Path(info["module"]).parent == src / "src" / "fastrank", info
     objs5 = kernel_objects(src)
     assert {o for o in objs5 if objs5[o] != objs3[o]} == {f"{level}/{other.name}.o" for level in levels}
     set_probe(src, 2)

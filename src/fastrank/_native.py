@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
@@ -137,6 +138,7 @@ def backends() -> dict:
         "cuda_built": cuda is not None,
         "cuda_available": cuda is not None and cuda_device_count() > 0 and torch.cuda.is_available(),
         "version": __version__,
+        "package": str(Path(__file__).resolve().parent),
     }
     if cpu is not None:
         info["cpu_openmp_threads"] = int(cpu.max_threads())
@@ -149,6 +151,16 @@ def backends() -> dict:
     for k, v in _errors.items():
         info[f"{k}_error"] = v
     return info
+
+
+def _fix(name: str) -> str:
+    """Where the imported fastrank is, and how to give it its native module."""
+    where = Path(__file__).resolve().parent
+    if not _errors.get(name, "").startswith("ModuleNotFoundError"):
+        return f"The fastrank imported is {where}."
+    return (f"The fastrank imported is {where}, which has no {name}: a source tree without a build. "
+            f"Build it (`pip install .`, or `pip install -e .` for a checkout you edit) and import the "
+            f"installed package: from a checkout's root, src/ is not on sys.path.")
 
 
 def _warn_once(key: str, msg: str) -> None:
@@ -179,7 +191,7 @@ def native_module(device: torch.device, impl: str, op: str):
             raise RuntimeError(f"fastrank: impl='native' asked for {op} on {device}, but {why}")
         if name:
             _warn_once(name, f"fastrank: native module {name} unavailable ({why}); "
-                             f"using the pure-PyTorch reference")
+                             f"using the pure-PyTorch reference. {_fix(name)}")
         return None
     return mod
 
