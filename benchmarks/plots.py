@@ -26,7 +26,7 @@ def _rows(payload: dict):
     for op in OrderedDict.fromkeys(r["op"] for r in recs):
         ok = [r for r in recs if r["op"] == op and r["status"] == "ok"]
         mode = next((m for m in MODES if any(r["mode"] == m for r in ok)), None)
-        ok = [r for r in ok if r["mode"] == mode]
+        ok = [r for r in ok if r["mode"] == mode and "x" in r]   # a size axis (the isa case has none)
         if len({r["x"] for r in ok}) < 2 or baselines.get(op) not in {r["impl"] for r in ok}:
             continue
         group = next((r.get("group") for r in ok if r.get("group")), op)
