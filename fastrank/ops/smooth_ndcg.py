@@ -21,8 +21,8 @@ from .._native import DTYPE_CODE, acc_dtype, has_native
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from . import _smooth_rank
-from ._launch import (DIRECTION_CODE, REDUCTION_CODE, apply, call, cuda_kernels, kernel_input, mask_args,
-                      mat)
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat
+from ._native_op import NativeOp
 
 _TILE = 16  # CUDA tile edge (csrc/cuda/smooth_ndcg.cu: kTile)
 
@@ -71,64 +71,18 @@ def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor,
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
 
 
-# ---------------------------------------------------------------- eager: autograd.Function
-class _SmoothNDCG(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, sim, relevance, mask, tau, direction, reduction):
-        out, ws = _forward(sim, relevance, mask, tau, direction, reduction, ctx.needs_input_grad[0])
-        ctx.mark_non_differentiable(ws)
-        ctx.save_for_backward(sim, mask, ws)
-        ctx.args = (tau, direction, reduction)
-        return out, ws
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_ws):
-        sim, mask, ws = ctx.saved_tensors
-        grad = _backward(grad_out, sim, mask, ws, *ctx.args) if ctx.needs_input_grad[0] else None
-        return grad, None, None, None, None, None
-
-
-# ---------------------------------------------------------------- torch.compile: custom ops
-@torch.library.custom_op("fastrank::smooth_ndcg", mutates_args=())
-def smooth_ndcg_op(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-                   reduction: int) -> tuple[Tensor, Tensor]:
-    """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none;
-    ws (accumulation dtype) is what the backward needs."""
-    return _forward(sim, relevance, mask, tau, direction, reduction)
-
-
-@smooth_ndcg_op.register_fake
-def _(sim, relevance, mask, tau, direction, reduction):
+def _fake_forward(sim, relevance, mask, tau, direction, reduction):
     acc = acc_dtype(sim.dtype)
     q, ws_numel = _sizes(sim.shape[0], sim.shape[1], direction)
     return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc),
             sim.new_empty((ws_numel,), dtype=acc))
 
 
-@torch.library.custom_op("fastrank::smooth_ndcg_backward", mutates_args=())
-def smooth_ndcg_backward_op(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
-                            direction: int, reduction: int) -> Tensor:
-    """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
-    return _backward(grad_out, sim, mask, ws, tau, direction, reduction)
-
-
-@smooth_ndcg_backward_op.register_fake
-def _(grad_out, sim, mask, ws, tau, direction, reduction):
-    return sim.new_empty(sim.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    sim, relevance, mask, tau, direction, reduction = inputs
-    ctx.save_for_backward(sim, mask, output[1])
-    ctx.args = (tau, direction, reduction)
-
-
-def _op_backward(ctx, grad_out, grad_ws):
-    sim, mask, ws = ctx.saved_tensors
-    return smooth_ndcg_backward_op(grad_out, sim, mask, ws, *ctx.args), None, None, None, None, None
-
-
-torch.library.register_autograd("fastrank::smooth_ndcg", _op_backward, setup_context=_setup_context)
+# the custom ops fastrank::smooth_ndcg -> (loss, ws) and fastrank::smooth_ndcg_backward,
+# the eager autograd.Function and the switch between them: fastrank/ops/_native_op.py
+SMOOTH_NDCG = NativeOp("smooth_ndcg", _forward, ("loss", "ws"), _fake_forward, _backward)
+smooth_ndcg_op = SMOOTH_NDCG.op
+smooth_ndcg_backward_op = SMOOTH_NDCG.backward.op
 
 
 # ---------------------------------------------------------------- public API
@@ -184,8 +138,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     V.check_data(sim, relevance, relevance_min=0.0, loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
-    return apply(_SmoothNDCG, smooth_ndcg_op, sim, relevance, mask, tau, DIRECTION_CODE[direction],
-                 REDUCTION_CODE[reduction])[0]
+    return SMOOTH_NDCG(sim, relevance, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
 class SmoothNDCGLoss(torch.nn.Module):

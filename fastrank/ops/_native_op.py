@@ -1,0 +1,179 @@
+"""One glue for every native op: a declaration in, the eager and compiled paths out.
+
+An op declares (fastrank/ops/<op>.py) its forward and backward *fill* functions (the
+kernel wrappers: tensors in, the kernel's outputs allocated and filled), the names of the
+forward's outputs, how many of them the caller gets, and a fake of the forward. From that
+:class:`NativeOp` makes, the same way for every op:
+
+- the custom op ``fastrank::<name>`` (schema read from the fill's annotations) with its
+  ``register_fake`` and ``register_autograd``, which torch.compile traces;
+- the backward custom op (:class:`Backward`, ``fastrank::<name>_backward`` or one shared by
+  several ops) whose fake is a tensor like ``sim``;
+- one eager ``torch.autograd.Function`` (the cheapest path) over the same fill functions;
+- the call ``op(sim, *args)``: sim as its kernels read it (half precision upcast for the
+  CPU kernels; autograd casts the gradient back), then the Function eagerly or the custom
+  op under torch.compile, and the caller's outputs;
+- the contract's calls of each custom op on an example (:meth:`NativeOp.samples`).
+
+The backward fill's parameters are matched by name: ``grad*`` ones take the upstream
+gradients of the caller's outputs (in order), the names of forward arguments and outputs
+take those (tensors saved with ``save_for_backward`` on both paths), the rest of the
+forward's non-tensor arguments come from the context. Only the first argument (``sim``)
+gets a gradient.
+"""
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ._launch import kernel_input
+
+
+def _schema(fill: Callable, params: Sequence[str], returns) -> str:
+    """The custom-op schema of ``fill`` restricted to ``params``, returning ``returns``."""
+    hints = typing.get_type_hints(fill)
+    sig = inspect.signature(fill)
+    proto_params = [sig.parameters[p].replace(annotation=hints[p]) for p in params]
+
+    def proto(*args):  # pragma: no cover - only its signature is read
+        raise NotImplementedError
+
+    proto.__signature__ = inspect.Signature(proto_params, return_annotation=returns)
+    return torch.library.infer_schema(proto, mutates_args=())
+
+
+class Backward:
+    """A backward fill and its custom op ``qualname`` (d loss / d sim, like sim)."""
+
+    def __init__(self, qualname: str, fill: Callable):
+        self.name = qualname
+        self.fill = fill
+        self.params = tuple(inspect.signature(fill).parameters)
+        like = self.params.index("sim")
+        self.op = torch.library.custom_op(qualname, fill, mutates_args=(), schema=_schema(fill, self.params, Tensor))
+        self.op.register_fake(lambda *args: args[like].new_empty(args[like].shape))
+
+
+class NativeOp:
+    """The declaration of a native op and everything made from it (module docstring).
+
+    name: the custom op is ``fastrank::<name>``.
+    forward: the forward fill, ``(sim, <tensors>, <hyper-parameters>[, with_grad]) ->
+        (outputs..., [host-side extras])``; annotated (the custom op's schema). A
+        ``with_grad`` parameter is told, eagerly, whether sim needs a gradient.
+    outputs: the names of the forward's tensor outputs; the first ``public`` go to the caller.
+    fake: the forward's register_fake (the outputs' shapes and dtypes, no kernel).
+    backward: a :class:`Backward`, or a backward fill (its op is ``fastrank::<name>_backward``).
+    after: eagerly, called with the forward's whole result (fast_rerank's finite check).
+    """
+
+    def __init__(self, name: str, forward: Callable, outputs: Tuple[str, ...], fake: Callable,
+                 backward, public: int = 1, after: Optional[Callable] = None):
+        self.name = f"fastrank::{name}"
+        self.forward = forward
+        sig = tuple(inspect.signature(forward).parameters)
+        self.with_grad = "with_grad" in sig
+        self.params = tuple(p for p in sig if p != "with_grad")
+        self.outputs = outputs
+        self.public = public
+        self.after = after
+        self.backward = backward if isinstance(backward, Backward) else Backward(f"{self.name}_backward", backward)
+        n = len(outputs)
+        returns = Tensor if n == 1 else Tuple[(Tensor,) * n]
+
+        def run(*args):
+            out = forward(*args)
+            return out if len(out) == n else out[:n]
+
+        self.op = torch.library.custom_op(self.name, run, mutates_args=(), schema=_schema(forward, self.params, returns))
+        self.op.register_fake(fake)
+        # what the backward fill reads: (source, index) with source 0 = upstream gradients,
+        # 1 = saved tensors (forward arguments, then outputs), 2 = the non-tensor arguments
+        names = self.params + outputs
+        hints = typing.get_type_hints(forward)
+        tensor_params = [p for p in self.params if "Tensor" in str(hints[p])]
+        saved: List[int] = []
+        hyper: List[int] = []
+        plan = []
+        grads = 0
+        for p in self.backward.params:
+            if p.startswith("grad"):
+                plan.append((0, grads))
+                grads += 1
+            elif p in outputs or p in tensor_params:
+                plan.append((1, len(saved)))
+                saved.append(names.index(p))
+            else:
+                plan.append((2, len(hyper)))
+                hyper.append(self.params.index(p))
+        self._saved, self._hyper, self._plan = tuple(saved), tuple(hyper), tuple(plan)
+        self._residual = tuple(range(public, n))
+        torch.library.register_autograd(self.name, self._op_backward, setup_context=self._setup_context)
+
+    # ------------------------------------------------------------ the call
+    def __call__(self, sim: Tensor, *args):
+        """The caller's outputs (one tensor, or a tuple of ``public``) of the op on sim as
+        its kernels read it: eagerly the autograd.Function, under torch.compile the custom op."""
+        sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
+        if torch.compiler.is_compiling():
+            out = self.op(sim, *args)
+            return out[0] if self.public == 1 else out[:self.public]
+        return _Function.apply(self, sim, *args)
+
+    def backward_args(self, grads, saved, hyper) -> list:
+        sources = (grads, saved, hyper)
+        return [sources[s][i] for s, i in self._plan]
+
+    # ------------------------------------------------------------ torch.compile: register_autograd
+    def _setup_context(self, ctx, inputs, output):
+        values = tuple(inputs) + tuple(output)
+        ctx.save_for_backward(*[values[i] for i in self._saved])
+        ctx.hyper = [inputs[i] for i in self._hyper]
+        ctx.mark_non_differentiable(*[output[i] for i in self._residual])
+
+    def _op_backward(self, ctx, *grads):
+        grad = self.backward.op(*self.backward_args(grads[:self.public], ctx.saved_tensors, ctx.hyper))
+        return (grad,) + (None,) * (len(self.params) - 1)
+
+    # ------------------------------------------------------------ the contract's samples
+    def samples(self, args: tuple, upstream: Callable[[Tensor], Tensor]) -> list:
+        """(qualified name, arguments) of the forward custom op on ``args`` (sim requiring
+        grad: its autograd is checked) and of the backward op on that forward's outputs,
+        with gradients ``upstream(output)``."""
+        sim = args[0].detach().clone().requires_grad_(True)
+        args = (sim,) + tuple(args[1:])
+        plain = (sim.detach(),) + args[1:]
+        out = self.op(*plain)
+        out = (out,) if isinstance(out, Tensor) else tuple(out)
+        values = plain + out
+        grads = [upstream(o) for o in out[:self.public]]
+        back = self.backward_args(grads, [values[i] for i in self._saved], [plain[i] for i in self._hyper])
+        return [(self.name, args), (self.backward.name, tuple(back))]
+
+
+class _Function(torch.autograd.Function):
+    """The eager path of every native op: forward(ctx, op, sim, *args) -> op's outputs."""
+
+    @staticmethod
+    def forward(ctx, op, *args):
+        res = op.forward(*args, ctx.needs_input_grad[1]) if op.with_grad else op.forward(*args)
+        if op.after is not None:
+            op.after(res)
+        values = args + tuple(res)
+        if op.public > 1:  # an unused output's gradient stays None (its backward fill takes None)
+            ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*[values[i] for i in op._saved])
+        ctx.hyper = [args[i] for i in op._hyper]
+        ctx.op = op
+        return res[0] if op.public == 1 else tuple(res[:op.public])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op = ctx.op
+        grad = op.backward.fill(*op.backward_args(grads, ctx.saved_tensors, ctx.hyper)) if ctx.needs_input_grad[1] \
+            else None
+        return (None, grad) + (None,) * (len(op.params) - 1)
