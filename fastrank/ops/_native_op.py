@@ -9,7 +9,7 @@ forward's outputs, how many of them the caller gets, and a fake of the forward. 
   ``register_fake`` and ``register_autograd``, which torch.compile traces;
 - the backward custom op (:class:`Backward`, ``fastrank::<name>_backward`` or one shared by
   several ops) whose fake is a tensor like ``sim``;
-- one eager ``torch.autograd.Function`` (the cheapest path) over the same fill functions;
+- the eager ``torch.autograd.Function`` (the cheapest path) over the same fill functions;
 - the call ``op(sim, *args)``: sim as its kernels read it (half precision upcast for the
   CPU kernels; autograd casts the gradient back), then the Function eagerly or the custom
   op under torch.compile, and the caller's outputs;
@@ -112,6 +112,8 @@ class NativeOp:
                 hyper.append(self.params.index(p))
         self._saved, self._hyper, self._plan = tuple(saved), tuple(hyper), tuple(plan)
         self._residual = tuple(range(public, n))
+        # the eager Function, one class per op so that profiles name it (_KendallFunction)
+        self.function = type("_" + "".join(w.capitalize() for w in name.split("_")) + "Function", (_Function,), {})
         torch.library.register_autograd(self.name, self._op_backward, setup_context=self._setup_context)
 
     # ------------------------------------------------------------ the call
@@ -122,7 +124,7 @@ class NativeOp:
         if torch.compiler.is_compiling():
             out = self.op(sim, *args)
             return out[0] if self.public == 1 else out[:self.public]
-        return _Function.apply(self, sim, *args)
+        return self.function.apply(self, sim, *args)
 
     def backward_args(self, grads, saved, hyper) -> list:
         sources = (grads, saved, hyper)

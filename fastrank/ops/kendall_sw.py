@@ -20,7 +20,8 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_input, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, mat
+from ._native_op import NativeOp
 
 _INT32_MAX = 2**31 - 1
 
@@ -31,10 +32,12 @@ def _n_total(n: int, m: int, direction: int) -> int:
 
 def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
              reduction: int):
-    """sim in its kernel dtype, relevance in sim's dtype or the accumulation dtype (any
-    strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
+    """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
+    accumulation dtype; any strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
+    if relevance.dtype != sim.dtype and relevance.dtype != acc:
+        relevance = relevance.to(acc)
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
@@ -54,15 +57,7 @@ def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, directio
     return grad
 
 
-@torch.library.custom_op("fastrank::kendall_sw", mutates_args=())
-def kendall_sw_op(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
-                  reduction: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, idx, aux) of every requested direction and the reduction, see _forward."""
-    return _forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction)
-
-
-@kendall_sw_op.register_fake
-def _(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
+def _fake_forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     n_total = _n_total(n, m, direction)
@@ -71,51 +66,11 @@ def _(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
             sim.new_empty((2 * n_total + 2,), dtype=acc))
 
 
-@torch.library.custom_op("fastrank::kendall_sw_backward", mutates_args=())
-def kendall_sw_backward_op(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, direction: int,
-                           reduction: int) -> Tensor:
-    """Gradient of fastrank::kendall_sw's loss w.r.t. sim."""
-    return _backward(grad_loss, sim, idx, aux, direction, reduction)
-
-
-@kendall_sw_backward_op.register_fake
-def _(grad_loss, sim, idx, aux, direction, reduction):
-    return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
-
-
-def _setup_context(ctx, inputs, output):
-    sim = inputs[0]
-    ctx.save_for_backward(sim, output[1], output[2])
-    ctx.codes = (inputs[6], inputs[7])
-
-
-def _op_backward(ctx, grad_loss, grad_idx, grad_aux):
-    sim, idx, aux = ctx.saved_tensors
-    return (kendall_sw_backward_op(grad_loss, sim, idx, aux, *ctx.codes),) + (None,) * 7
-
-
-torch.library.register_autograd("fastrank::kendall_sw", _op_backward, setup_context=_setup_context)
-
-
-class _KendallSWFunction(torch.autograd.Function):
-    """Eager path: the same kernels, without the custom-op dispatch."""
-
-    @staticmethod
-    def forward(ctx, sim, relevance, alpha, beta, hi, n_w, direction, reduction):
-        loss, idx, aux = _forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction)
-        ctx.save_for_backward(sim)
-        ctx.idx, ctx.aux = idx, aux  # not inputs or outputs: plain attributes
-        ctx.codes = (direction, reduction)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (sim,) = ctx.saved_tensors
-        return (_backward(grad_loss, sim, ctx.idx, ctx.aux, *ctx.codes),) + (None,) * 7
-
-
-def _compiled(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
-    return torch.ops.fastrank.kendall_sw(sim, relevance, alpha, beta, hi, n_w, direction, reduction)[0]
+# fastrank::kendall_sw -> (loss, idx, aux), fastrank::kendall_sw_backward, the eager
+# Function and the switch between them: fastrank/ops/_native_op.py
+KENDALL_SW = NativeOp("kendall_sw", _forward, ("loss", "idx", "aux"), _fake_forward, _backward)
+kendall_sw_op = KENDALL_SW.op
+kendall_sw_backward_op = KENDALL_SW.backward.op
 
 
 def _check_windows(alpha: float, beta: float, label_range) -> int:
@@ -182,11 +137,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     if max(sim.shape) > _INT32_MAX:
         raise ValueError(f"sim has {max(sim.shape)} candidates per query; the native kernels "
                          f"index at most {_INT32_MAX} (use impl='reference')")
-    sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
-    if relevance.dtype != sim.dtype and relevance.dtype != acc:
-        relevance = relevance.to(acc)
-    return apply(_KendallSWFunction, _compiled, sim, relevance, alpha, beta, label_range[1], n_w,
-                 DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+    return KENDALL_SW(sim, relevance, alpha, beta, label_range[1], n_w, DIRECTION_CODE[direction],
+                      REDUCTION_CODE[reduction])
 
 
 class KendallSWLoss(torch.nn.Module):
