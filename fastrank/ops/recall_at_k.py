@@ -20,6 +20,7 @@ from .._reduce import directions, orient, reduce_counted
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._native_op import NativeOp
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
 MAX_KS = 32  # csrc/include/fastrank/recall_at_k.h: kMaxKs
@@ -59,43 +60,21 @@ def check_tau_k(tau_k, n: int) -> Tuple[float, ...]:
 
 # ---------------------------------------------------------------- native: one fused op
 # One forward kernel call (every requested direction, the reduction, each query's gradient
-# row) and smooth_ap's elementwise backward: fastrank/ops/_smooth_rank.py. Eager calls go
-# through an autograd.Function (the cheapest path); torch.compile through the custom op.
-@torch.library.custom_op("fastrank::recall_at_k", mutates_args=())
-def recall_at_k_op(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
-                   tau: float, direction: int, reduction: int) -> tuple[Tensor, Tensor]:
+# row) and smooth_ap's elementwise backward: fastrank/ops/_smooth_rank.py. The custom op
+# fastrank::recall_at_k, the eager Function and the switch: fastrank/ops/_native_op.py.
+def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
+             tau: float, direction: int, reduction: int, with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
     (accumulation dtype) is what the backward needs."""
-    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k), tau, direction, reduction)
+    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k), tau, direction, reduction, with_grad)
 
 
-@recall_at_k_op.register_fake
-def _(sim, positives, mask, ks, tau_k, tau, direction, reduction):
+def _fake_forward(sim, positives, mask, ks, tau_k, tau, direction, reduction):
     return SR.fake_forward(sim, direction, reduction)
 
 
-def _setup_context(ctx, inputs, output):
-    sim, _, mask = inputs[:3]
-    ctx.save_for_backward(sim, mask, output[1])
-    ctx.codes = (inputs[6], inputs[7])
-
-
-def _op_backward(ctx, grad_out, grad_ws):
-    sim, mask, ws = ctx.saved_tensors
-    return (SR.smooth_rank_backward_op(grad_out, sim, mask, ws, *ctx.codes),) + (None,) * 7
-
-
-torch.library.register_autograd("fastrank::recall_at_k", _op_backward, setup_context=_setup_context)
-
-
-def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: Tuple[int, ...],
-            tau: float, tau_k: Tuple[float, ...], direction: int, reduction: int) -> Tensor:
-    """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (docs/spec.md §2.9)."""
-    kf, tf = [float(k) for k in ks], [float(t) for t in tau_k]
-    if torch.compiler.is_compiling():
-        return recall_at_k_op(sim, positives, mask, kf, tf, tau, direction, reduction)[0]
-    return SR.Function.apply("recall_at_k_forward", sim, positives, mask, (kf, tf), tau, direction, reduction)
+RECALL_AT_K = NativeOp("recall_at_k", _forward, ("loss", "ws"), _fake_forward, SR.BACKWARD)
+recall_at_k_op = RECALL_AT_K.op
 
 
 # ---------------------------------------------------------------- reference
@@ -156,8 +135,8 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     impl = V.check_impl(impl)
     V.check_data(sim, loss="recall_at_k_loss")
     if has_native(sim.device, impl, "recall_at_k_loss"):
-        return _native(sim, positives, mask, ks, tau, tau_k, DIRECTION_CODE[direction],
-                       REDUCTION_CODE[reduction])
+        return RECALL_AT_K(sim, positives, mask, [float(k) for k in ks], [float(t) for t in tau_k], tau,
+                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)
 
 

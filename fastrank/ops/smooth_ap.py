@@ -22,46 +22,26 @@ from .._reduce import directions, orient, reduce_counted
 from ..reference.smooth_ap import smooth_ap_per_query
 from . import _smooth_rank as SR
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._native_op import NativeOp
 
 
 # ---------------------------------------------------------------- native: one fused op
 # One forward kernel call (every requested direction, the reduction, each query's gradient
-# row) and one elementwise backward: fastrank/ops/_smooth_rank.py. Eager calls go through
-# an autograd.Function (the cheapest path); torch.compile through the custom op.
-@torch.library.custom_op("fastrank::smooth_ap", mutates_args=())
-def smooth_ap_op(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-                 reduction: int) -> tuple[Tensor, Tensor]:
+# row) and one elementwise backward: fastrank/ops/_smooth_rank.py. The custom op
+# fastrank::smooth_ap, the eager Function and the switch: fastrank/ops/_native_op.py.
+def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int, reduction: int,
+             with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
     (accumulation dtype) is what the backward needs."""
-    return SR.forward("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
+    return SR.forward("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction, with_grad)
 
 
-@smooth_ap_op.register_fake
-def _(sim, positives, mask, tau, direction, reduction):
+def _fake_forward(sim, positives, mask, tau, direction, reduction):
     return SR.fake_forward(sim, direction, reduction)
 
 
-def _setup_context(ctx, inputs, output):
-    sim, _, mask, _, direction, reduction = inputs
-    ctx.save_for_backward(sim, mask, output[1])
-    ctx.codes = (direction, reduction)
-
-
-def _op_backward(ctx, grad_out, grad_ws):
-    sim, mask, ws = ctx.saved_tensors
-    return SR.smooth_rank_backward_op(grad_out, sim, mask, ws, *ctx.codes), None, None, None, None, None
-
-
-torch.library.register_autograd("fastrank::smooth_ap", _op_backward, setup_context=_setup_context)
-
-
-def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-            reduction: int) -> Tensor:
-    """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (docs/spec.md §2.8)."""
-    if torch.compiler.is_compiling():
-        return smooth_ap_op(sim, positives, mask, tau, direction, reduction)[0]
-    return SR.Function.apply("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
+SMOOTH_AP = NativeOp("smooth_ap", _forward, ("loss", "ws"), _fake_forward, SR.BACKWARD)
+smooth_ap_op = SMOOTH_AP.op
 
 
 # ---------------------------------------------------------------- reference
@@ -114,7 +94,7 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
     impl = V.check_impl(impl)
     V.check_data(sim, loss="smooth_ap_loss")
     if has_native(sim.device, impl, "smooth_ap_loss"):
-        return _native(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+        return SMOOTH_AP(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, tau, direction, reduction, mask)
 
 
