@@ -69,10 +69,12 @@ class NativeOp:
     fake: the forward's register_fake (the outputs' shapes and dtypes, no kernel).
     backward: a :class:`Backward`, or a backward fill (its op is ``fastrank::<name>_backward``).
     after: eagerly, called with the forward's whole result (fast_rerank's finite check).
+    in_sim_dtype: the caller's outputs are in sim's dtype (scores, not losses): where sim
+        was upcast for its kernels they are cast back.
     """
 
     def __init__(self, name: str, forward: Callable, outputs: Tuple[str, ...], fake: Callable,
-                 backward, public: int = 1, after: Optional[Callable] = None):
+                 backward, public: int = 1, after: Optional[Callable] = None, in_sim_dtype: bool = False):
         self.name = f"fastrank::{name}"
         self.forward = forward
         sig = tuple(inspect.signature(forward).parameters)
@@ -81,6 +83,7 @@ class NativeOp:
         self.outputs = outputs
         self.public = public
         self.after = after
+        self.in_sim_dtype = in_sim_dtype
         self.backward = backward if isinstance(backward, Backward) else Backward(f"{self.name}_backward", backward)
         n = len(outputs)
         returns = Tensor if n == 1 else Tuple[(Tensor,) * n]
@@ -120,11 +123,15 @@ class NativeOp:
     def __call__(self, sim: Tensor, *args):
         """The caller's outputs (one tensor, or a tuple of ``public``) of the op on sim as
         its kernels read it: eagerly the autograd.Function, under torch.compile the custom op."""
-        sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
+        x = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
         if torch.compiler.is_compiling():
-            out = self.op(sim, *args)
-            return out[0] if self.public == 1 else out[:self.public]
-        return self.function.apply(self, sim, *args)
+            out = self.op(x, *args)
+            out = out[0] if self.public == 1 else out[:self.public]
+        else:
+            out = self.function.apply(self, x, *args)
+        if x is sim or not self.in_sim_dtype:
+            return out
+        return out.to(sim.dtype) if self.public == 1 else tuple(o.to(sim.dtype) for o in out)
 
     def backward_args(self, grads, saved, hyper) -> list:
         sources = (grads, saved, hyper)

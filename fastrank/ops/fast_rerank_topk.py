@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import native_module
+from .._native import has_native
 from ._launch import acc_dtype
 from .fast_rerank import check_statistics, fast_rerank_lse
 
@@ -107,7 +107,7 @@ def fast_rerank_topk(img_emb: Tensor, txt_emb: Tensor, k: int, gamma: Tuple[floa
     V.check_direction(direction)
     impl = V.check_impl(impl)
     _check_embedding_values(img_emb, txt_emb)
-    native = native_module(img_emb.device, impl, "fast_rerank_topk") is not None
+    native = has_native(img_emb.device, impl, "fast_rerank_topk")
     out_dtype = img_emb.dtype
     acc = acc_dtype(out_dtype)
     with torch.no_grad():
