@@ -41,6 +41,7 @@ from .._native import acc_dtype, has_native
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
 from ._launch import call, cuda_kernels, kernel_input, mat, module_for
 from ._native_op import NativeOp
+from . import _contract as C
 
 
 def _run(name: str, x: Tensor, *args) -> Optional[bool]:
@@ -236,3 +237,33 @@ class FastRerank(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma}, lam={self.lam}"
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _examples(dtype, seed=0, size=(5, 7)):
+    g = C.gen(seed)
+    sim = C.scores(*size, dtype, g)
+    return [C.Example("default", {"sim": sim}, {"gamma": (2.0, 3.0), "lam": (1.5, 2.5), "impl": "native"}),
+            C.Example("transposed", {"sim": sim.t()}, {"gamma": (1.0, 1.0), "lam": (4.0, 0.5), "impl": "native"})]
+
+
+def _op_args(x, h):
+    return (x["sim"], *h["gamma"], *h["lam"])
+
+
+def _more_samples(ex):
+    """The backward op with one gradient None (counted as zero), and the statistics op."""
+    sim = ex.inputs["sim"].detach()
+    (g1, g2), (l1, l2) = ex.hyper["gamma"], ex.hyper["lam"]
+    _, t2i, stats = fast_rerank_op(sim, g1, g2, l1, l2)
+    return [("fastrank::fast_rerank_backward", (None, C.upstream(t2i), sim, stats, g1, g2, l1, l2)),
+            ("fastrank::fast_rerank_lse", (sim, g1, l1))]
+
+
+CONTRACT = C.glue_contract(
+    FAST_RERANK, _op_args, _examples,
+    C.TENSOR_CASES + (
+        C.BadInput("impl is not an implementation", ValueError, "impl", hyper={"impl": "gpu"}),
+        C.BadInput("gamma of one number", ValueError, "gamma", hyper={"gamma": (1.0,)}),
+        C.BadInput("lam with a zero", ValueError, "lam", hyper={"lam": (0.0, 1.0)})),
+    extra=_more_samples, extra_ops=("fastrank::fast_rerank_lse",))

@@ -22,6 +22,7 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from ..reference.kendall import kendall_reference
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, mask_args, mat
+from . import _contract as C
 from ._native_op import NativeOp
 
 
@@ -128,3 +129,11 @@ class KendallLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, direction={self.direction!r}, reduction={self.reduction!r}"
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+CONTRACT = C.glue_contract(
+    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), h["alpha"], *C.codes(h)),
+    C.graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}),
+    C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),))

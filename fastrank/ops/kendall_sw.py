@@ -21,6 +21,7 @@ from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, mat
+from . import _contract as C
 from ._native_op import NativeOp
 
 _INT32_MAX = 2**31 - 1
@@ -162,3 +163,31 @@ class KendallSWLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"alpha={self.alpha}, beta={self.beta}, label_range={self.label_range}, "
                 f"direction={self.direction!r}, reduction={self.reduction!r}")
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _examples(dtype, seed=0, size=(5, 7)):
+    g = C.gen(seed)
+    sim, rel = C.scores(*size, dtype, g), torch.rand(*size, generator=g, dtype=dtype)
+    return [C.Example("both, mean", {"sim": sim, "relevance": rel},
+                      {"alpha": 0.1, "beta": 0.2, "label_range": (0.0, 1.0), "direction": "both",
+                       "reduction": "mean", "impl": "native"}),
+            C.Example("t2i, none", {"sim": sim, "relevance": rel},
+                      {"alpha": 0.2, "beta": 0.1, "label_range": (0.0, 1.0), "direction": "t2i",
+                       "reduction": "none", "impl": "native"})]
+
+
+def _op_args(x, h):
+    lo, hi = h["label_range"]
+    n_w = _check_windows(h["alpha"], h["beta"], (lo, hi))
+    return (x["sim"], x["relevance"], h["alpha"], h["beta"], hi, n_w, *C.codes(h))
+
+
+CONTRACT = C.glue_contract(
+    KENDALL_SW, _op_args, _examples,
+    C.TENSOR_CASES + C.RELEVANCE_CASES + C.HYPER_CASES + (
+        C.BadInput("relevance outside label_range", ValueError, "relevance",
+                   inputs=lambda x: {"relevance": x["relevance"] + 2}),
+        C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),
+        C.BadInput("beta = 0", ValueError, "beta", hyper={"beta": 0.0}),
+        C.BadInput("label_range with lo > hi", ValueError, "label_range", hyper={"label_range": (1.0, 0.0)})))

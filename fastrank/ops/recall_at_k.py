@@ -19,6 +19,7 @@ from .._native import acc_dtype, has_native
 from .._reduce import directions, orient, reduce_counted
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
+from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 from ._native_op import NativeOp
 
@@ -162,3 +163,22 @@ class RecallAtKLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"ks={self.ks}, tau={self.tau}, tau_k={self.tau_k}, direction={self.direction!r}, "
                 f"reduction={self.reduction!r}")
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _op_args(x, h):
+    ks = check_ks(h["ks"])
+    tau_k = check_tau_k(h["tau_k"], len(ks))
+    return (x["sim"], x["positives"], x.get("mask"), [float(k) for k in ks], [float(t) for t in tau_k], h["tau"],
+            *C.codes(h))
+
+
+CONTRACT = C.glue_contract(
+    RECALL_AT_K, _op_args, C.subset_examples({"ks": (1, 2, 4), "tau_k": (1.0, 0.5, 2.0)}),
+    C.TENSOR_CASES + C.POSITIVES_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("tau = 0", ValueError, "tau", hyper={"tau": 0.0}),
+        C.BadInput("ks holds 0", ValueError, "ks", hyper={"ks": (0, 1), "tau_k": 1.0}),
+        C.BadInput("ks is empty", ValueError, "ks", hyper={"ks": (), "tau_k": 1.0}),
+        C.BadInput("ks holds a float", ValueError, "ks", hyper={"ks": (1.5,), "tau_k": 1.0}),
+        C.BadInput("tau_k of the wrong length", ValueError, "tau_k", hyper={"tau_k": (1.0, 1.0)}),
+        C.BadInput("tau_k = 0", ValueError, "tau_k", hyper={"tau_k": 0.0})))

@@ -21,6 +21,7 @@ from .._native import acc_dtype, has_native
 from .._reduce import directions, orient, reduce_counted
 from ..reference.smooth_ap import smooth_ap_per_query
 from . import _smooth_rank as SR
+from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 from ._native_op import NativeOp
 
@@ -115,3 +116,11 @@ class SmoothAPLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+CONTRACT = C.glue_contract(
+    SMOOTH_AP, lambda x, h: (x["sim"], x["positives"], x.get("mask"), h["tau"], *C.codes(h)),
+    C.subset_examples({}),
+    C.TENSOR_CASES + C.POSITIVES_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("tau < 0", ValueError, "tau", hyper={"tau": -1.0}),))

@@ -21,6 +21,7 @@ from .._native import DTYPE_CODE, acc_dtype, has_native
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from . import _smooth_rank
+from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat
 from ._native_op import NativeOp
 
@@ -158,3 +159,12 @@ class SmoothNDCGLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+CONTRACT = C.glue_contract(
+    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), h["tau"], *C.codes(h)),
+    C.graded_examples({"tau": 0.3}, "t2i", {"tau": 0.5}),
+    C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("negative relevance", ValueError, "relevance", inputs=lambda x: {"relevance": x["relevance"] - 1}),
+        C.BadInput("tau = 0", ValueError, "tau", hyper={"tau": 0.0})))
