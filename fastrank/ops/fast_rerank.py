@@ -40,6 +40,7 @@ from .. import _validation as V
 from .._native import acc_dtype, has_native
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
 from ._launch import call, cuda_kernels, kernel_input, mat, module_for
+from ._module import ModuleForm
 from ._native_op import NativeOp
 from . import _contract as C
 
@@ -183,11 +184,15 @@ def _hyper(gamma, lam):
         hit = _HYPER.get((gamma, lam))
         if hit is not None:
             return hit
-    g1, g2 = V.check_pair(gamma, "gamma")
-    l1, l2 = V.check_pair(lam, "lam")
+    (g1, g2), (l1, l2) = _check_hyper(gamma, lam)
     if plain and len(_HYPER) < 64:
         _HYPER[(gamma, lam)] = (g1, g2, l1, l2)
     return g1, g2, l1, l2
+
+
+def _check_hyper(gamma, lam):
+    """(gamma, lam) as pairs of floats, or the error that names the bad one."""
+    return V.check_pair(gamma, "gamma"), V.check_pair(lam, "lam")
 
 
 def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
@@ -222,21 +227,8 @@ def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tup
     return FAST_RERANK(sim, g1, g2, l1, l2)
 
 
-class FastRerank(torch.nn.Module):
+class FastRerank(ModuleForm, functional=fast_rerank, inputs=("sim",), check=_check_hyper):
     """Module form of :func:`fastrank.fast_rerank`: ``i2t, t2i = FastRerank()(sim)``."""
-
-    def __init__(self, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
-                 impl: str = "auto"):
-        super().__init__()
-        self.gamma = V.check_pair(gamma, "gamma")
-        self.lam = V.check_pair(lam, "lam")
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
-
-    def forward(self, sim: Tensor) -> Tuple[Tensor, Tensor]:
-        return fast_rerank(sim, self.gamma, self.lam, self.impl)
-
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, lam={self.lam}"
 
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)

@@ -21,8 +21,9 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from ..reference.kendall import kendall_reference
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, mask_args, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mask_args, mat
 from . import _contract as C
+from ._module import ModuleForm
 from ._native_op import NativeOp
 
 
@@ -36,8 +37,7 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: floa
     accumulation dtype), mask bool or None (any strides). Returns (loss, dsim (n_dir, N, M), aux), see kendall.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    if relevance.dtype != sim.dtype and relevance.dtype != acc:
-        relevance = relevance.to(acc)
+    relevance = kernel_relevance(sim, relevance)
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
@@ -73,6 +73,11 @@ KENDALL = NativeOp("kendall", _forward, ("loss", "dsim", "aux"), _fake_forward, 
 kendall_op = KENDALL.op
 
 
+def _check_hyper(alpha, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    return V.check_nonnegative(alpha, "alpha"), V.check_direction(direction), V.check_reduction(reduction)
+
+
 def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: str = "both",
                  reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
     """Kendall ranking loss (docs/spec.md §2.2; BCLS, Eq. 17), the full pairwise form.
@@ -100,9 +105,7 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
     mask = V.check_mask(mask, sim)
-    alpha = V.check_nonnegative(alpha, "alpha")
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    alpha, direction, reduction = _check_hyper(alpha, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance)
     acc = acc_dtype(sim.dtype)
@@ -112,23 +115,9 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     return KENDALL(sim, relevance, mask, alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
-class KendallLoss(torch.nn.Module):
+class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"), check=_check_hyper):
     """Module form of :func:`fastrank.kendall_loss`: ``loss = KendallLoss()(sim, relevance)``
     (or ``(sim, relevance, mask)`` for lists of different lengths)."""
-
-    def __init__(self, alpha: float = 0.1, direction: str = "both", reduction: str = "mean",
-                 impl: str = "auto"):
-        super().__init__()
-        self.alpha = V.check_nonnegative(alpha, "alpha")
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
-
-    def forward(self, sim: Tensor, relevance: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return kendall_loss(sim, relevance, self.alpha, self.direction, self.reduction, self.impl, mask)
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, direction={self.direction!r}, reduction={self.reduction!r}"
 
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)

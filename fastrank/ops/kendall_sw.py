@@ -20,8 +20,9 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mat
 from . import _contract as C
+from ._module import ModuleForm
 from ._native_op import NativeOp
 
 _INT32_MAX = 2**31 - 1
@@ -37,8 +38,7 @@ def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: floa
     accumulation dtype; any strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    if relevance.dtype != sim.dtype and relevance.dtype != acc:
-        relevance = relevance.to(acc)
+    relevance = kernel_relevance(sim, relevance)
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
@@ -87,6 +87,16 @@ def _check_windows(alpha: float, beta: float, label_range) -> int:
     return n_w
 
 
+def _check_hyper(alpha, beta, label_range, direction, reduction):
+    """The hyper-parameters as the op uses them (the windows checked), or the error that names
+    the bad one."""
+    alpha = V.check_nonnegative(alpha, "alpha")
+    beta = V.check_positive(beta, "beta")
+    label_range = V.check_interval(label_range, "label_range")
+    _check_windows(alpha, beta, label_range)
+    return alpha, beta, label_range, V.check_direction(direction), V.check_reduction(reduction)
+
+
 def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: float = 0.05,
                     label_range=(0.0, 1.0), direction: str = "both", reduction: str = "mean",
                     impl: str = "auto") -> Tensor:
@@ -119,12 +129,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     """
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
-    alpha = V.check_nonnegative(alpha, "alpha")
-    beta = V.check_positive(beta, "beta")
-    label_range = V.check_interval(label_range, "label_range")
+    alpha, beta, label_range, direction, reduction = _check_hyper(alpha, beta, label_range, direction, reduction)
     n_w = _check_windows(alpha, beta, label_range)
-    V.check_direction(direction)
-    V.check_reduction(reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, label_range=label_range, loss="kendall_sw_loss")
     acc = acc_dtype(sim.dtype)
@@ -142,27 +148,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
                       REDUCTION_CODE[reduction])
 
 
-class KendallSWLoss(torch.nn.Module):
+class KendallSWLoss(ModuleForm, functional=kendall_sw_loss, inputs=("sim", "relevance"), check=_check_hyper):
     """Module form of :func:`fastrank.kendall_sw_loss`: ``loss = KendallSWLoss()(sim, relevance)``."""
-
-    def __init__(self, alpha: float = 0.1, beta: float = 0.05, label_range=(0.0, 1.0),
-                 direction: str = "both", reduction: str = "mean", impl: str = "auto"):
-        super().__init__()
-        self.alpha = V.check_nonnegative(alpha, "alpha")
-        self.beta = V.check_positive(beta, "beta")
-        self.label_range = V.check_interval(label_range, "label_range")
-        _check_windows(self.alpha, self.beta, self.label_range)
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
-
-    def forward(self, sim: Tensor, relevance: Tensor) -> Tensor:
-        return kendall_sw_loss(sim, relevance, self.alpha, self.beta, self.label_range, self.direction,
-                               self.reduction, self.impl)
-
-    def extra_repr(self) -> str:
-        return (f"alpha={self.alpha}, beta={self.beta}, label_range={self.label_range}, "
-                f"direction={self.direction!r}, reduction={self.reduction!r}")
 
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)

@@ -16,11 +16,12 @@ from torch import Tensor
 
 from .. import _validation as V
 from .._native import acc_dtype, has_native
-from .._reduce import directions, orient, reduce_counted
+from .._reduce import per_positive_query
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
 from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._module import ModuleForm
 from ._native_op import NativeOp
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -82,17 +83,21 @@ recall_at_k_op = RECALL_AT_K.op
 def _reference(sim: Tensor, positives: Tensor, ks: Tuple[int, ...], tau: float, tau_k: Tuple[float, ...],
                direction: str, reduction: str, mask: Optional[Tensor]) -> Tensor:
     """The pure-PyTorch path (fastrank/reference/recall_at_k.py), same contract."""
-    s = sim.to(acc_dtype(sim.dtype))
-    parts, counted = [], []
-    for d in directions(direction):
-        pos, m = orient(positives, d), orient(mask, d)
-        parts.append(recall_at_k_per_query(orient(s, d), pos, ks, tau, tau_k, m))
-        # docs/spec.md §2.9: "mean" is over the queries with at least one positive in their list
-        counted.append((pos if m is None else pos & m).any(dim=1))
-    return reduce_counted(parts, counted, reduction)
+    # docs/spec.md §2.9: "mean" is over the queries with at least one positive in their list
+    return per_positive_query(direction, reduction,
+                              lambda s, pos, m: recall_at_k_per_query(s, pos, ks, tau, tau_k, m),
+                              sim.to(acc_dtype(sim.dtype)), positives, mask)
 
 
 # ---------------------------------------------------------------- public API
+def _check_hyper(ks, tau, tau_k, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    ks = check_ks(ks)
+    tau = V.check_positive(tau, "tau")
+    tau_k = check_tau_k(tau_k, len(ks))
+    return ks, tau, tau_k, V.check_direction(direction), V.check_reduction(reduction)
+
+
 def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
                      ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
                      tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
@@ -128,11 +133,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     V.check_sim(sim, values=False)
     positives = V.check_positives(positives, sim)
     V.check_mask(mask, sim)
-    ks = check_ks(ks)
-    tau = V.check_positive(tau, "tau")
-    tau_k = check_tau_k(tau_k, len(ks))
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    ks, tau, tau_k, direction, reduction = _check_hyper(ks, tau, tau_k, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, loss="recall_at_k_loss")
     if has_native(sim.device, impl, "recall_at_k_loss"):
@@ -141,28 +142,10 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)
 
 
-class RecallAtKLoss(torch.nn.Module):
+class RecallAtKLoss(ModuleForm, functional=recall_at_k_loss, inputs=("sim", "positives", "mask"),
+                    check=_check_hyper):
     """Module form of :func:`fastrank.recall_at_k_loss`:
     ``loss = RecallAtKLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
-
-    def __init__(self, ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
-                 tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
-                 reduction: str = "mean", impl: str = "auto"):
-        super().__init__()
-        self.ks = check_ks(ks)
-        self.tau = V.check_positive(tau, "tau")
-        self.tau_k = check_tau_k(tau_k, len(self.ks))
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
-
-    def forward(self, sim: Tensor, positives: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
-        return recall_at_k_loss(sim, positives, self.ks, self.tau, self.tau_k, self.direction, self.reduction,
-                                self.impl, mask)
-
-    def extra_repr(self) -> str:
-        return (f"ks={self.ks}, tau={self.tau}, tau_k={self.tau_k}, direction={self.direction!r}, "
-                f"reduction={self.reduction!r}")
 
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)

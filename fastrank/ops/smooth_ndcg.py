@@ -6,14 +6,13 @@ csrc/cuda/smooth_ndcg.cu) and one backward op ``fastrank::smooth_ndcg_backward``
 t2i direction reads sim, relevance and mask through swapped strides. The forward returns
 (loss, ws): ws holds what the backward needs (csrc/include/fastrank/smooth_ndcg.h).
 Eagerly the call goes through an autograd.Function (the cheapest path); under
-torch.compile through the custom ops (registered fake + autograd). Both call the same
-``_forward`` / ``_backward``.
+torch.compile through the custom ops (registered fake + autograd), both made by
+fastrank/ops/_native_op.py from ``_forward`` / ``_backward``.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .. import _validation as V
@@ -23,6 +22,7 @@ from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from . import _smooth_rank
 from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat
+from ._module import ModuleForm
 from ._native_op import NativeOp
 
 _TILE = 16  # CUDA tile edge (csrc/cuda/smooth_ndcg.cu: kTile)
@@ -101,6 +101,11 @@ def _reference(sim: Tensor, relevance: Tensor, tau: float, direction: str, reduc
     return sum(p.sum() / c for p, c in zip(parts, counts))
 
 
+def _check_hyper(tau, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    return V.check_positive(tau, "tau"), V.check_direction(direction), V.check_reduction(reduction)
+
+
 def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, direction: str = "both",
                      reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
     """Smooth-NDCG listwise loss (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
@@ -132,9 +137,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
     V.check_mask(mask, sim)
-    tau = V.check_positive(tau, "tau")
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    tau, direction, reduction = _check_hyper(tau, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, relevance_min=0.0, loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
@@ -142,23 +145,10 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     return SMOOTH_NDCG(sim, relevance, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
-class SmoothNDCGLoss(torch.nn.Module):
+class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance", "mask"),
+                     check=_check_hyper):
     """Module form of :func:`fastrank.smooth_ndcg_loss`:
     ``loss = SmoothNDCGLoss()(sim, relevance)`` or ``(sim, relevance, mask=mask)``."""
-
-    def __init__(self, tau: float = 0.01, direction: str = "both", reduction: str = "mean",
-                 impl: str = "auto"):
-        super().__init__()
-        self.tau = V.check_positive(tau, "tau")
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
-
-    def forward(self, sim: Tensor, relevance: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return smooth_ndcg_loss(sim, relevance, self.tau, self.direction, self.reduction, self.impl, mask)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"
 
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
