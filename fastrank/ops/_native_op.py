@@ -17,20 +17,37 @@ forward's outputs, how many of them the caller gets, and a fake of the forward. 
 
 The backward fill's parameters are matched by name: ``grad*`` ones take the upstream
 gradients of the caller's outputs (in order), the names of forward arguments and outputs
-take those (tensors saved with ``save_for_backward`` on both paths), the rest of the
-forward's non-tensor arguments come from the context. Only the first argument (``sim``)
-gets a gradient.
+take those, the rest of the forward's non-tensor arguments come from the context. Tensor
+arguments are saved with ``save_for_backward`` on both paths (an in-place change of sim
+after the forward is an error, not a wrong gradient); the outputs the backward reads are
+saved with it on the custom-op path (they are outputs there) and kept on the eager
+Function's context (the caller never sees them, and saving costs about a microsecond a
+tensor per call). Only the first argument (``sim``) gets a gradient.
 """
 from __future__ import annotations
 
 import inspect
+import operator
 import typing
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ._launch import kernel_input
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
+    """``values -> tuple(values[i] for i in indices)``, as one C call (the per-call path)."""
+    if not indices:
+        return lambda values: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda values: (values[i],)
+    return operator.itemgetter(*indices)
 
 
 def _schema(fill: Callable, params: Sequence[str], returns) -> str:
@@ -94,54 +111,49 @@ class NativeOp:
 
         self.op = torch.library.custom_op(self.name, run, mutates_args=(), schema=_schema(forward, self.params, returns))
         self.op.register_fake(fake)
-        # what the backward fill reads: (source, index) with source 0 = upstream gradients,
-        # 1 = saved tensors (forward arguments, then outputs), 2 = the non-tensor arguments
-        names = self.params + outputs
+        # what the backward fill reads, by name: upstream gradients, the forward's tensor
+        # arguments (saved), its outputs (kept), its other arguments (hyper)
         hints = typing.get_type_hints(forward)
         tensor_params = [p for p in self.params if "Tensor" in str(hints[p])]
-        saved: List[int] = []
-        hyper: List[int] = []
-        plan = []
-        grads = 0
-        for p in self.backward.params:
-            if p.startswith("grad"):
-                plan.append((0, grads))
-                grads += 1
-            elif p in outputs or p in tensor_params:
-                plan.append((1, len(saved)))
-                saved.append(names.index(p))
-            else:
-                plan.append((2, len(hyper)))
-                hyper.append(self.params.index(p))
-        self._saved, self._hyper, self._plan = tuple(saved), tuple(hyper), tuple(plan)
+        back = self.backward.params
+        grads = [p for p in back if p.startswith("grad")]
+        saved = [self.params.index(p) for p in back if p in tensor_params]
+        kept = [outputs.index(p) for p in back if p in outputs]
+        hyper = [self.params.index(p) for p in back if p not in grads and p not in tensor_params and p not in outputs]
+        self._saved, self._kept, self._hyper = _picker(saved), _picker(kept), _picker(hyper)
+        # the backward fill's arguments, picked from grads + saved + kept + hyper
+        order = grads + [p for p in back if p in tensor_params] + [p for p in back if p in outputs] + \
+            [p for p in back if p not in grads and p not in tensor_params and p not in outputs]
+        self._plan = _picker([order.index(p) for p in back])
+        self._n_grads = len(grads)
         self._residual = tuple(range(public, n))
-        # the eager Function, one class per op so that profiles name it (_KendallFunction)
-        self.function = type("_" + "".join(w.capitalize() for w in name.split("_")) + "Function", (_Function,), {})
+        self.function = _eager_function(self)
         torch.library.register_autograd(self.name, self._op_backward, setup_context=self._setup_context)
 
     # ------------------------------------------------------------ the call
     def __call__(self, sim: Tensor, *args):
         """The caller's outputs (one tensor, or a tuple of ``public``) of the op on sim as
         its kernels read it: eagerly the autograd.Function, under torch.compile the custom op."""
-        x = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
+        # half on the CPU: upcast (autograd casts the gradient back)
+        x = kernel_input(sim) if sim.dtype in _HALF else sim
         if torch.compiler.is_compiling():
             out = self.op(x, *args)
             out = out[0] if self.public == 1 else out[:self.public]
         else:
-            out = self.function.apply(self, x, *args)
+            out = self.function.apply(x, *args)
         if x is sim or not self.in_sim_dtype:
             return out
         return out.to(sim.dtype) if self.public == 1 else tuple(o.to(sim.dtype) for o in out)
 
-    def backward_args(self, grads, saved, hyper) -> list:
-        sources = (grads, saved, hyper)
-        return [sources[s][i] for s, i in self._plan]
+    def backward_args(self, grads: tuple, saved: tuple, hyper: tuple) -> tuple:
+        """The backward fill's arguments from the upstream gradients, the tensors saved (the
+        forward's tensor arguments, then its outputs) and its non-tensor arguments."""
+        return self._plan(tuple(grads[:self._n_grads]) + tuple(saved) + tuple(hyper))
 
     # ------------------------------------------------------------ torch.compile: register_autograd
     def _setup_context(self, ctx, inputs, output):
-        values = tuple(inputs) + tuple(output)
-        ctx.save_for_backward(*[values[i] for i in self._saved])
-        ctx.hyper = [inputs[i] for i in self._hyper]
+        ctx.save_for_backward(*self._saved(inputs), *self._kept(output))
+        ctx.hyper = self._hyper(inputs)
         ctx.mark_non_differentiable(*[output[i] for i in self._residual])
 
     def _op_backward(self, ctx, *grads):
@@ -158,31 +170,36 @@ class NativeOp:
         plain = (sim.detach(),) + args[1:]
         out = self.op(*plain)
         out = (out,) if isinstance(out, Tensor) else tuple(out)
-        values = plain + out
-        grads = [upstream(o) for o in out[:self.public]]
-        back = self.backward_args(grads, [values[i] for i in self._saved], [plain[i] for i in self._hyper])
+        grads = tuple(upstream(o) for o in out[:self.public])
+        back = self.backward_args(grads, self._saved(plain) + self._kept(out), self._hyper(plain))
         return [(self.name, args), (self.backward.name, tuple(back))]
 
 
-class _Function(torch.autograd.Function):
-    """The eager path of every native op: forward(ctx, op, sim, *args) -> op's outputs."""
+def _eager_function(op: NativeOp) -> type:
+    """The eager path of ``op``: an autograd.Function ``(sim, *args) -> op's outputs``, one
+    class per op (profiles name it: _KendallFunction), its pieces bound once here."""
+    fill, after, with_grad, public = op.forward, op.after, op.with_grad, op.public
+    saved, kept, hyper, plan, back = op._saved, op._kept, op._hyper, op._plan, op.backward.fill
+    nones = (None,) * (len(op.params) - 1)
 
-    @staticmethod
-    def forward(ctx, op, *args):
-        res = op.forward(*args, ctx.needs_input_grad[1]) if op.with_grad else op.forward(*args)
-        if op.after is not None:
-            op.after(res)
-        values = args + tuple(res)
-        if op.public > 1:  # an unused output's gradient stays None (its backward fill takes None)
+    def forward(ctx, *args):
+        res = fill(*args, ctx.needs_input_grad[0]) if with_grad else fill(*args)
+        if after is not None:
+            after(res)
+        if public > 1:  # an unused output's gradient stays None (its backward fill takes None)
             ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*[values[i] for i in op._saved])
-        ctx.hyper = [args[i] for i in op._hyper]
-        ctx.op = op
-        return res[0] if op.public == 1 else tuple(res[:op.public])
+        # the arguments with save_for_backward (their versions are checked); the outputs the
+        # caller never sees (workspaces) as they are: saving them would cost more than they risk
+        ctx.save_for_backward(*saved(args))
+        ctx.kept = kept(res)
+        ctx.hyper = hyper(args)
+        return res[0] if public == 1 else tuple(res[:public])
 
-    @staticmethod
     def backward(ctx, *grads):
-        op = ctx.op
-        grad = op.backward.fill(*op.backward_args(grads, ctx.saved_tensors, ctx.hyper)) if ctx.needs_input_grad[1] \
-            else None
-        return (None, grad) + (None,) * (len(op.params) - 1)
+        grad = back(*plan(grads + ctx.saved_tensors + ctx.kept + ctx.hyper)) if ctx.needs_input_grad[0] else None
+        return (grad,) + nones
+
+    name = "_" + "".join(w.capitalize() for w in op.name.split("::")[1].split("_")) + "Function"
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward),
+                                                    "__doc__": f"The eager path of {op.name}."})
