@@ -394,3 +394,13 @@ def test_breadth_order_covers_every_op_before_large_sizes(bench):
     depth = [(s.name, m, z["n"]) for s, _, m, z in case_order(prepared, modes, sizes, "depth")]
     assert depth[:3] == [("a", "forward+backward", 1), ("a", "forward+backward", 2), ("a", "forward+backward", 3)]
     assert sorted(depth) == sorted(breadth)
+
+
+def test_every_op_of_the_table_is_benchmarked(bench):
+    """benchmarks/ops.py holds what only a benchmark needs (sizes, floors, baselines); its ops
+    follow the table (fastrank/ops/registry.py): every native op of the table is measured."""
+    import benchmarks.ops as bops
+    from fastrank.ops.registry import LOSSES
+    measured = {op.requires or op.name for op in bops.OPS.values()}
+    native = {row.functional.__name__ for row in LOSSES.values() if row.contract is not None}
+    assert native <= measured, f"native ops without a benchmark entry: {sorted(native - measured)}"

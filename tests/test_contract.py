@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.ops.registry import NATIVE_OPS
+from fastrank.ops.registry import LOSSES, NATIVE_OPS, functional_names, module_names
 
 NATIVE_CPU = fastrank.backends()["cpu"]
 REQUIRE_NATIVE = os.environ.get("FASTRANK_REQUIRE_NATIVE") == "1"
@@ -191,3 +191,14 @@ def test_the_completeness_check_would_see_a_new_op():
     names = {n for n in torch._C._dispatch_get_all_op_names() if n.startswith("fastrank_contract_probe::")}
     assert names == {"fastrank_contract_probe::probe"}
     assert CUSTOM_OP.findall('@torch.library.custom_op("fastrank::new_op", mutates_args=())') == ["fastrank::new_op"]
+
+
+# ---------------------------------------------------------------- the table feeds the public names
+def test_the_public_names_are_the_table_of_losses():
+    """fastrank.__all__ and fastrank.nn.__all__ are written out (static analysis reads them:
+    the API pages, type checkers); they hold exactly the table's forms (fastrank/ops/registry.py)."""
+    assert set(fastrank.__all__) == {"__version__", "backends", "nn"} | set(functional_names())
+    assert set(fastrank.nn.__all__) == {"CombinedLoss"} | set(module_names())
+    for row in LOSSES.values():
+        assert getattr(fastrank, row.functional.__name__) is row.functional
+        assert row.module is None or getattr(fastrank.nn, row.module.__name__) is row.module

@@ -49,3 +49,17 @@ def reduce_counted(per_query: List[torch.Tensor], counted: List[torch.Tensor], r
     if reduction != "mean":
         return reduce(per_query, reduction)
     return sum(q.sum() / c.sum().clamp(min=1) for q, c in zip(per_query, counted))
+
+
+def per_positive_query(direction: str, reduction: str, fn: Callable[..., torch.Tensor], sim: torch.Tensor,
+                       positives: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``per_direction`` for the losses on binary relevance (docs/spec.md §2.8, §2.9):
+    fn(sim, positives, mask) per direction, and "mean" over the queries with at least one
+    positive in their list (``reduce_counted``)."""
+    parts, counted = [], []
+    for d in directions(direction):
+        pos, m = orient(positives, d), orient(mask, d)
+        parts.append(fn(orient(sim, d), pos, m))
+        counted.append((pos if m is None else pos & m).any(dim=1))
+    return reduce_counted(parts, counted, reduction)
+

@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _validation as V
-from ..ops.kendall import kendall_loss
-from ..ops.smooth_ndcg import smooth_ndcg_loss
+from ..ops.registry import compat_losses
 
 __all__ = ["ClipLoss", "LISTWISE_LOSSES"]
 
-LISTWISE_LOSSES = {"smooth_ndcg": smooth_ndcg_loss, "kendall": kendall_loss}
+#: the listwise terms (graded relevance, with a mask): the table's rows marked "open_clip"
+LISTWISE_LOSSES = {name: row.functional for name, row in compat_losses("open_clip").items()}
 _DATA_ARGS = ("sim", "relevance", "mask")
 
 

@@ -77,6 +77,7 @@ from torch import Tensor, nn
 
 from .. import _validation as V
 from ..ops.kendall_sw import kendall_sw_loss
+from ..ops.registry import compat_losses
 from ..ops.smooth_ap import smooth_ap_loss
 from ..ops.smooth_ndcg import smooth_ndcg_loss
 from .cross_encoder import CrossEncoderKendallSWLoss, CrossEncoderSmoothNDCGLoss
@@ -435,8 +436,9 @@ class KendallSWLoss(_RankingLoss):
         return {"alpha": self.alpha, "beta": self.beta, "label_range": self.label_range, **super().get_config_dict()}
 
 
-#: the listwise terms of :class:`InBatchListwiseLoss`, by name
-LISTWISE_LOSSES = {"smooth_ndcg": SmoothNDCGLoss, "smooth_ap": SmoothAPLoss, "kendall_sw": KendallSWLoss}
+#: the listwise terms of :class:`InBatchListwiseLoss`, by name: the table's rows marked
+#: "sentence_transformers", each with the class of this module named as its nn.Module form
+LISTWISE_LOSSES = {name: globals()[row.module.__name__] for name, row in compat_losses("sentence_transformers").items()}
 
 
 class InBatchListwiseLoss(_RankingLoss):

@@ -16,18 +16,10 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
+from ..ops.registry import LOSSES
 
-#: spec name -> class name in fastrank.nn (looked up lazily, at construction)
-LOSS_NAMES = {
-    "triplet": "TripletLoss",
-    "smooth_ndcg": "SmoothNDCGLoss",
-    "smooth_ap": "SmoothAPLoss",
-    "recall_at_k": "RecallAtKLoss",
-    "kendall": "KendallLoss",
-    "kendall_sw": "KendallSWLoss",
-    "ladder": "LadderLoss",
-    "topk": "TopKLoss",
-}
+#: spec name -> class name in fastrank.nn: the table's losses that are CombinedLoss terms
+LOSS_NAMES = {name: row.module.__name__ for name, row in LOSSES.items() if row.combined}
 
 
 def _accepts(module: torch.nn.Module, arg: str) -> bool:

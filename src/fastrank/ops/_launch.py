@@ -40,6 +40,13 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if kd == x.dtype else x.to(kd)
 
 
+def kernel_relevance(sim: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """relevance as the Kendall kernels read it (sim in its kernel dtype): in sim's dtype or
+    the accumulation dtype, any other float dtype converted to the accumulation dtype."""
+    acc = acc_dtype(sim.dtype)
+    return relevance if relevance.dtype == sim.dtype or relevance.dtype == acc else relevance.to(acc)
+
+
 def module_for(x: torch.Tensor):
     if x.device.type == "cuda":
         mod = cuda_module()
@@ -80,15 +87,5 @@ def mask_args(mask):
     return mask.data_ptr(), mask.stride(0), mask.stride(1)
 
 
-def apply(function, op, *args):
-    """Run a native loss: ``function.apply(*args)`` (a ``torch.autograd.Function``, the
-    cheapest eager path) outside torch.compile, ``op(*args)`` (the ``torch.library``
-    custom op with its registered fake and autograd, which dynamo traces) inside it.
-    Both call the same kernel wrappers, so they compute the same thing."""
-    if torch.compiler.is_compiling():
-        return op(*args)
-    return function.apply(*args)
-
-
-__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "mat", "call", "module_for", "mask_args", "apply",
+__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "module_for", "mask_args",
            "DIRECTION_CODE", "REDUCTION_CODE"]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import torch
 from torch import Tensor
 
 from .._native import acc_dtype
 from ._launch import call, cuda_kernels, kernel_input, mask_args, mat, module_for
+from ._native_op import Backward
 
 
 def sizes(n: int, m: int, direction: int):
@@ -63,16 +63,9 @@ def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, 
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
 
 
-@torch.library.custom_op("fastrank::smooth_rank_backward", mutates_args=())
-def smooth_rank_backward_op(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
-                            reduction: int) -> Tensor:
-    """The backward of fastrank::smooth_ap and fastrank::recall_at_k."""
-    return backward(grad_out, sim, mask, ws, direction, reduction)
-
-
-@smooth_rank_backward_op.register_fake
-def _(grad_out, sim, mask, ws, direction, reduction):
-    return sim.new_empty(sim.shape)
+# fastrank::smooth_rank_backward: the backward of fastrank::smooth_ap and fastrank::recall_at_k
+BACKWARD = Backward("fastrank::smooth_rank_backward", backward)
+smooth_rank_backward_op = BACKWARD.op
 
 
 def fake_forward(sim: Tensor, direction: int, reduction: int):
@@ -80,22 +73,3 @@ def fake_forward(sim: Tensor, direction: int, reduction: int):
     acc = acc_dtype(sim.dtype)
     q, ws_numel = sizes(sim.shape[0], sim.shape[1], direction)
     return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc), sim.new_empty((ws_numel,), dtype=acc))
-
-
-class Function(torch.autograd.Function):
-    """The eager path of a subset head: forward(ctx, kernel, sim, positives, mask, head_args,
-    tau, direction, reduction) -> loss. The same wrappers as the custom ops."""
-
-    @staticmethod
-    def forward(ctx, kernel, sim, positives, mask, head_args, tau, direction, reduction):
-        out, ws = forward(kernel, sim, positives, mask, head_args, tau, direction, reduction,
-                          ctx.needs_input_grad[1])
-        ctx.save_for_backward(sim, mask, ws)
-        ctx.codes = (direction, reduction)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        sim, mask, ws = ctx.saved_tensors
-        grad = backward(grad_out, sim, mask, ws, *ctx.codes) if ctx.needs_input_grad[1] else None
-        return None, grad, None, None, None, None, None, None

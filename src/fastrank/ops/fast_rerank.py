@@ -13,8 +13,8 @@ One call = one forward kernel entry and, under autograd, one backward kernel ent
   at every size).
 
 Eager calls go through an autograd.Function calling the kernels directly (the cheapest
-path); torch.compile traces the custom ops (fake + autograd registered). Both call
-``_forward`` / ``_backward``, so they compute the same thing. Memory: the two outputs, the
+path); torch.compile traces the custom ops (fake + autograd registered), both made by
+fastrank/ops/_native_op.py from ``_forward`` / ``_backward``, so they compute the same thing. Memory: the two outputs, the
 O(N + M) statistics and an O(N + M) workspace; nothing else (N, M)-sized.
 
 Non-finite sim (docs/spec.md §1): the kernels propagate NaN/inf into the scores and the
@@ -37,9 +37,12 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype, native_module
+from .._native import acc_dtype, has_native
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
 from ._launch import call, cuda_kernels, kernel_input, mat, module_for
+from ._module import ModuleForm
+from ._native_op import NativeOp
+from . import _contract as C
 
 
 def _run(name: str, x: Tensor, *args) -> Optional[bool]:
@@ -124,66 +127,25 @@ def check_statistics(*stats: Tensor, ok: Optional[bool] = None, sim_name: str = 
                          f"lam[0] * {sim_name} overflows the dtype)")
 
 
-# ---- the compile path: custom ops ------------------------------------------------------------
-@torch.library.custom_op("fastrank::fast_rerank", mutates_args=())
-def fast_rerank_op(sim: Tensor, gamma1: float, gamma2: float, lam1: float,
-                   lam2: float) -> tuple[Tensor, Tensor, Tensor]:
-    """sim (N, M) any strides. Returns (i2t (N, M), t2i (N, M)) contiguous in sim's dtype and
-    stats (M + N,) = (col_lse, row_lse) in the accumulation dtype."""
-    i2t, t2i, stats, _ = _forward(sim, gamma1, gamma2, lam1, lam2)
-    return i2t, t2i, stats
-
-
-@fast_rerank_op.register_fake
-def _(sim, gamma1, gamma2, lam1, lam2):
+def _fake_forward(sim, g1, g2, l1, l2):
     n, m = sim.shape
     return sim.new_empty((n, m)), sim.new_empty((n, m)), sim.new_empty((m + n,), dtype=acc_dtype(sim.dtype))
 
 
-@torch.library.custom_op("fastrank::fast_rerank_backward", mutates_args=())
-def fast_rerank_backward_op(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tensor, stats: Tensor,
-                            gamma1: float, gamma2: float, lam1: float, lam2: float) -> Tensor:
-    """d (sum(grad_i2t * i2t) + sum(grad_t2i * t2i)) / d sim, contiguous, in sim's dtype.
-    A None gradient counts as zero; gradients may have any strides (expanded ones too)."""
-    return _backward(grad_i2t, grad_t2i, sim, stats, gamma1, gamma2, lam1, lam2)
+def _check_forward(result) -> None:
+    """Eagerly, after the forward: the statistics are finite (False: raise if checking; None,
+    from CUDA kernels: read them if checking)."""
+    if result[3] is not True:
+        check_statistics(result[2], ok=result[3])
 
 
-@fast_rerank_backward_op.register_fake
-def _(grad_i2t, grad_t2i, sim, stats, gamma1, gamma2, lam1, lam2):
-    return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
-
-
-def _setup_context(ctx, inputs, output):
-    sim, gamma1, gamma2, lam1, lam2 = inputs
-    ctx.save_for_backward(sim, output[2])
-    ctx.mark_non_differentiable(output[2])
-    ctx.hyper = (gamma1, gamma2, lam1, lam2)
-
-
-def _op_backward(ctx, grad_i2t, grad_t2i, grad_stats):
-    sim, stats = ctx.saved_tensors
-    return fast_rerank_backward_op(grad_i2t, grad_t2i, sim, stats, *ctx.hyper), None, None, None, None
-
-
-torch.library.register_autograd("fastrank::fast_rerank", _op_backward, setup_context=_setup_context)
-
-
-# ---- the eager path: one autograd.Function over the same wrappers ----------------------------
-class _FastRerank(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, sim, g1, g2, l1, l2):
-        i2t, t2i, stats, ok = _forward(sim, g1, g2, l1, l2)
-        if ok is not True:  # False: raise (if checking); None (CUDA kernels): read them if checking
-            check_statistics(stats, ok=ok)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(sim, stats)
-        ctx.hyper = (g1, g2, l1, l2)
-        return i2t, t2i
-
-    @staticmethod
-    def backward(ctx, grad_i2t, grad_t2i):
-        sim, stats = ctx.saved_tensors
-        return _backward(grad_i2t, grad_t2i, sim, stats, *ctx.hyper), None, None, None, None
+# fastrank::fast_rerank -> (i2t, t2i, stats), fastrank::fast_rerank_backward, the eager
+# Function and the switch between them: fastrank/ops/_native_op.py. The finite check runs
+# on the eager path (the compiled one keeps no host-side flag).
+FAST_RERANK = NativeOp("fast_rerank", _forward, ("i2t", "t2i", "stats"), _fake_forward, _backward, public=2,
+                       after=_check_forward, in_sim_dtype=True)
+fast_rerank_op = FAST_RERANK.op
+fast_rerank_backward_op = FAST_RERANK.backward.op
 
 
 # ---- the statistics alone (fast_rerank_topk) -------------------------------------------------
@@ -222,11 +184,15 @@ def _hyper(gamma, lam):
         hit = _HYPER.get((gamma, lam))
         if hit is not None:
             return hit
-    g1, g2 = V.check_pair(gamma, "gamma")
-    l1, l2 = V.check_pair(lam, "lam")
+    (g1, g2), (l1, l2) = _check_hyper(gamma, lam)
     if plain and len(_HYPER) < 64:
         _HYPER[(gamma, lam)] = (g1, g2, l1, l2)
     return g1, g2, l1, l2
+
+
+def _check_hyper(gamma, lam):
+    """(gamma, lam) as pairs of floats, or the error that names the bad one."""
+    return V.check_pair(gamma, "gamma"), V.check_pair(lam, "lam")
 
 
 def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
@@ -254,28 +220,42 @@ def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tup
     V.check_tensor(sim, "sim", 2, finite=False)
     g1, g2, l1, l2 = _hyper(gamma, lam)
     impl = V.check_impl(impl)
-    if native_module(sim.device, impl, "fast_rerank") is None:
+    if not has_native(sim.device, impl, "fast_rerank"):
         V.check_sim(sim)
         i2t, t2i = fast_rerank_reference(sim.to(acc_dtype(sim.dtype)), (g1, g2), (l1, l2))
         return i2t.to(sim.dtype), t2i.to(sim.dtype)
-    if torch.compiler.is_compiling():
-        i2t, t2i, _ = fast_rerank_op(sim, g1, g2, l1, l2)
-        return i2t, t2i
-    return _FastRerank.apply(sim, g1, g2, l1, l2)
+    return FAST_RERANK(sim, g1, g2, l1, l2)
 
 
-class FastRerank(torch.nn.Module):
+class FastRerank(ModuleForm, functional=fast_rerank, inputs=("sim",), check=_check_hyper):
     """Module form of :func:`fastrank.fast_rerank`: ``i2t, t2i = FastRerank()(sim)``."""
 
-    def __init__(self, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
-                 impl: str = "auto"):
-        super().__init__()
-        self.gamma = V.check_pair(gamma, "gamma")
-        self.lam = V.check_pair(lam, "lam")
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor) -> Tuple[Tensor, Tensor]:
-        return fast_rerank(sim, self.gamma, self.lam, self.impl)
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _examples(dtype, seed=0, size=(5, 7)):
+    g = C.gen(seed)
+    sim = C.scores(*size, dtype, g)
+    return [C.Example("default", {"sim": sim}, {"gamma": (2.0, 3.0), "lam": (1.5, 2.5), "impl": "native"}),
+            C.Example("transposed", {"sim": sim.t()}, {"gamma": (1.0, 1.0), "lam": (4.0, 0.5), "impl": "native"})]
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, lam={self.lam}"
+
+def _op_args(x, h):
+    return (x["sim"], *h["gamma"], *h["lam"])
+
+
+def _more_samples(ex):
+    """The backward op with one gradient None (counted as zero), and the statistics op."""
+    sim = ex.inputs["sim"].detach()
+    (g1, g2), (l1, l2) = ex.hyper["gamma"], ex.hyper["lam"]
+    _, t2i, stats = fast_rerank_op(sim, g1, g2, l1, l2)
+    return [("fastrank::fast_rerank_backward", (None, C.upstream(t2i), sim, stats, g1, g2, l1, l2)),
+            ("fastrank::fast_rerank_lse", (sim, g1, l1))]
+
+
+CONTRACT = C.glue_contract(
+    FAST_RERANK, _op_args, _examples,
+    C.TENSOR_CASES + (
+        C.BadInput("impl is not an implementation", ValueError, "impl", hyper={"impl": "gpu"}),
+        C.BadInput("gamma of one number", ValueError, "gamma", hyper={"gamma": (1.0,)}),
+        C.BadInput("lam with a zero", ValueError, "lam", hyper={"lam": (0.0, 1.0)})),
+    extra=_more_samples, extra_ops=("fastrank::fast_rerank_lse",))

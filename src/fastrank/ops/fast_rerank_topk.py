@@ -26,9 +26,10 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import native_module
+from .._native import has_native
 from ._launch import acc_dtype
 from .fast_rerank import check_statistics, fast_rerank_lse
+from . import _contract as C
 
 # default tile: about 2**26 scores (256 MB in float32) per tile
 _TILE_ELEMENTS = 1 << 26
@@ -107,7 +108,7 @@ def fast_rerank_topk(img_emb: Tensor, txt_emb: Tensor, k: int, gamma: Tuple[floa
     V.check_direction(direction)
     impl = V.check_impl(impl)
     _check_embedding_values(img_emb, txt_emb)
-    native = native_module(img_emb.device, impl, "fast_rerank_topk") is not None
+    native = has_native(img_emb.device, impl, "fast_rerank_topk")
     out_dtype = img_emb.dtype
     acc = acc_dtype(out_dtype)
     with torch.no_grad():
@@ -162,3 +163,33 @@ def fast_rerank_topk(img_emb: Tensor, txt_emb: Tensor, k: int, gamma: Tuple[floa
         i2t_val = i2t_val.to(out_dtype) if i2t_val is not None else None
         t2i_val = t2i_val.to(out_dtype) if t2i_val is not None else None
     return RerankTopK(i2t_idx, i2t_val, t2i_idx, t2i_val)
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _examples(dtype, seed=0, size=(5, 7)):
+    g = C.gen(seed)
+    img, txt = C.scores(size[0], 4, dtype, g), C.scores(size[1], 4, dtype, g)
+    return [C.Example("both, tiles of 4", {"img_emb": img, "txt_emb": txt},
+                      {"k": 3, "gamma": (2.0, 3.0), "lam": (1.5, 2.5), "block": 4, "direction": "both",
+                       "impl": "native"}, grad=()),
+            C.Example("i2t, one tile", {"img_emb": img, "txt_emb": txt},
+                      {"k": 20, "gamma": (1.0, 1.0), "lam": (1.0, 1.0), "direction": "i2t", "impl": "native"},
+                      grad=())]
+
+
+def _op_samples(ex):
+    sim = ex.inputs["img_emb"] @ ex.inputs["txt_emb"].t()
+    return [("fastrank::fast_rerank_lse", (sim, ex.hyper["gamma"][0], ex.hyper["lam"][0]))]
+
+
+CONTRACT = C.Contract(
+    ("fastrank::fast_rerank_lse",), _examples, _op_samples,
+    (C.BadInput("img_emb is a list", TypeError, "img_emb", inputs=lambda x: {"img_emb": x["img_emb"].tolist()}),
+     C.BadInput("img_emb of integers", TypeError, "img_emb", inputs=lambda x: {"img_emb": x["img_emb"].long()}),
+     C.BadInput("txt_emb of another width", ValueError, "txt_emb", inputs=lambda x: {"txt_emb": x["txt_emb"][:, 1:]}),
+     C.BadInput("txt_emb holds NaN", ValueError, "txt_emb",
+                inputs=lambda x: {"txt_emb": torch.full_like(x["txt_emb"], float("nan"))}),
+     C.BadInput("k = 0", ValueError, "k", hyper={"k": 0}),
+     C.BadInput("block = 0", ValueError, "block", hyper={"block": 0}),
+     C.BadInput("direction is not a direction", ValueError, "direction", hyper={"direction": "up"}),
+     C.BadInput("gamma with a zero", ValueError, "gamma", hyper={"gamma": (0.0, 1.0)})))

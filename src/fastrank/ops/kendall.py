@@ -7,7 +7,8 @@ csrc/cuda/kendall.cu). Those rows are saved, one (N, M) slab per direction, so t
 backward (``fastrank::kendall_backward``) is one elementwise kernel that scales them by
 grad_output, read from device memory: no second O(N M^2) pass, no host sync.
 Eager calls go through an autograd.Function (the cheapest path); torch.compile traces
-the torch.library custom ops. Both call the same ``_forward`` / ``_backward``.
+the torch.library custom ops (both made by fastrank/ops/_native_op.py from ``_forward`` /
+``_backward``).
 Memory: sim, relevance, at most two dsim slabs and the gradient: five N x M matrices.
 """
 from __future__ import annotations
@@ -20,7 +21,10 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from ..reference.kendall import kendall_reference
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_input, mask_args, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mask_args, mat
+from . import _contract as C
+from ._module import ModuleForm
+from ._native_op import NativeOp
 
 
 def _n_total(n: int, m: int, direction: int) -> int:
@@ -36,10 +40,11 @@ def aux_numel(n: int, m: int, direction: int) -> int:
 
 def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: float, direction: int,
              reduction: int):
-    """sim in its kernel dtype, relevance in sim's dtype or the accumulation dtype, mask
-    bool or None (any strides). Returns (loss, dsim (n_dir, N, M), aux), see kendall.h."""
+    """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
+    accumulation dtype), mask bool or None (any strides). Returns (loss, dsim (n_dir, N, M), aux), see kendall.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
+    relevance = kernel_relevance(sim, relevance)
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
@@ -49,26 +54,18 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: floa
     return loss, dsim, aux
 
 
-def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, dtype: torch.dtype, direction: int,
+def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim: Tensor, direction: int,
               reduction: int) -> Tensor:
-    """d (grad_loss . loss) / d sim, contiguous, in sim's dtype ``dtype``."""
+    """d (grad_loss . loss) / d sim, contiguous, in sim's dtype (sim is read for its dtype)."""
     n, m = dsim.shape[1], dsim.shape[2]
     go = grad_loss.to(dsim.dtype).contiguous()
-    grad = torch.empty((n, m), dtype=dtype, device=dsim.device)
+    grad = torch.empty((n, m), dtype=sim.dtype, device=dsim.device)
     call("kendall_backward", grad, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(), n, m, direction, reduction,
          grad.data_ptr())
     return grad
 
 
-@torch.library.custom_op("fastrank::kendall", mutates_args=())
-def kendall_op(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: float, direction: int,
-               reduction: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, dsim, aux) of every requested direction and the reduction, see _forward."""
-    return _forward(sim, relevance, mask, alpha, direction, reduction)
-
-
-@kendall_op.register_fake
-def _(sim, relevance, mask, alpha, direction, reduction):
+def _fake_forward(sim, relevance, mask, alpha, direction, reduction):
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     n_total = _n_total(n, m, direction)
@@ -77,49 +74,15 @@ def _(sim, relevance, mask, alpha, direction, reduction):
             sim.new_empty((aux_numel(n, m, direction),), dtype=acc))
 
 
-@torch.library.custom_op("fastrank::kendall_backward", mutates_args=())
-def kendall_backward_op(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim: Tensor, direction: int,
-                        reduction: int) -> Tensor:
-    """Gradient of fastrank::kendall's loss w.r.t. sim (sim is read for its shape and dtype)."""
-    return _backward(grad_loss, dsim, aux, sim.dtype, direction, reduction)
+# fastrank::kendall -> (loss, dsim, aux), fastrank::kendall_backward, the eager Function
+# and the switch between them: fastrank/ops/_native_op.py
+KENDALL = NativeOp("kendall", _forward, ("loss", "dsim", "aux"), _fake_forward, _backward)
+kendall_op = KENDALL.op
 
 
-@kendall_backward_op.register_fake
-def _(grad_loss, dsim, aux, sim, direction, reduction):
-    return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
-
-
-def _setup_context(ctx, inputs, output):
-    sim, _, _, _, direction, reduction = inputs
-    ctx.save_for_backward(output[1], output[2], sim)
-    ctx.codes = (direction, reduction)
-
-
-def _op_backward(ctx, grad_loss, grad_dsim, grad_aux):
-    dsim, aux, sim = ctx.saved_tensors
-    return kendall_backward_op(grad_loss, dsim, aux, sim, *ctx.codes), None, None, None, None, None
-
-
-torch.library.register_autograd("fastrank::kendall", _op_backward, setup_context=_setup_context)
-
-
-class _KendallFunction(torch.autograd.Function):
-    """Eager path: the same kernels, without the custom-op dispatch."""
-
-    @staticmethod
-    def forward(ctx, sim, relevance, mask, alpha, direction, reduction):
-        loss, dsim, aux = _forward(sim, relevance, mask, alpha, direction, reduction)
-        ctx.dsim, ctx.aux = dsim, aux  # not inputs or outputs: plain attributes
-        ctx.meta = (sim.dtype, direction, reduction)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        return _backward(grad_loss, ctx.dsim, ctx.aux, *ctx.meta), None, None, None, None, None
-
-
-def _compiled(sim, relevance, mask, alpha, direction, reduction):
-    return torch.ops.fastrank.kendall(sim, relevance, mask, alpha, direction, reduction)[0]
+def _check_hyper(alpha, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    return V.check_nonnegative(alpha, "alpha"), V.check_direction(direction), V.check_reduction(reduction)
 
 
 def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: str = "both",
@@ -149,36 +112,24 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
     mask = V.check_mask(mask, sim)
-    alpha = V.check_nonnegative(alpha, "alpha")
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    alpha, direction, reduction = _check_hyper(alpha, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance)
     acc = acc_dtype(sim.dtype)
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
         return kendall_reference(sim.to(acc), relevance.to(acc), alpha, direction, reduction, mask)
-    sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
-    if relevance.dtype != sim.dtype and relevance.dtype != acc:
-        relevance = relevance.to(acc)
-    return apply(_KendallFunction, _compiled, sim, relevance, mask, alpha, DIRECTION_CODE[direction],
-                 REDUCTION_CODE[reduction])
+    return KENDALL(sim, relevance, mask, alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
-class KendallLoss(torch.nn.Module):
+class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"), check=_check_hyper):
     """Module form of :func:`fastrank.kendall_loss`: ``loss = KendallLoss()(sim, relevance)``
     (or ``(sim, relevance, mask)`` for lists of different lengths)."""
 
-    def __init__(self, alpha: float = 0.1, direction: str = "both", reduction: str = "mean",
-                 impl: str = "auto"):
-        super().__init__()
-        self.alpha = V.check_nonnegative(alpha, "alpha")
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, relevance: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return kendall_loss(sim, relevance, self.alpha, self.direction, self.reduction, self.impl, mask)
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, direction={self.direction!r}, reduction={self.reduction!r}"
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+CONTRACT = C.glue_contract(
+    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), h["alpha"], *C.codes(h)),
+    C.graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}),
+    C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),))

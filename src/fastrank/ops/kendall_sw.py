@@ -20,8 +20,11 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, apply, call, kernel_input, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mat
 from .kendall import aux_numel
+from . import _contract as C
+from ._module import ModuleForm
+from ._native_op import NativeOp
 
 _INT32_MAX = 2**31 - 1
 
@@ -32,10 +35,11 @@ def _n_total(n: int, m: int, direction: int) -> int:
 
 def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
              reduction: int):
-    """sim in its kernel dtype, relevance in sim's dtype or the accumulation dtype (any
-    strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
+    """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
+    accumulation dtype; any strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
+    relevance = kernel_relevance(sim, relevance)
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
@@ -55,15 +59,7 @@ def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, directio
     return grad
 
 
-@torch.library.custom_op("fastrank::kendall_sw", mutates_args=())
-def kendall_sw_op(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
-                  reduction: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, idx, aux) of every requested direction and the reduction, see _forward."""
-    return _forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction)
-
-
-@kendall_sw_op.register_fake
-def _(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
+def _fake_forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     n_total = _n_total(n, m, direction)
@@ -72,51 +68,11 @@ def _(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
             sim.new_empty((aux_numel(n, m, direction),), dtype=acc))
 
 
-@torch.library.custom_op("fastrank::kendall_sw_backward", mutates_args=())
-def kendall_sw_backward_op(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, direction: int,
-                           reduction: int) -> Tensor:
-    """Gradient of fastrank::kendall_sw's loss w.r.t. sim."""
-    return _backward(grad_loss, sim, idx, aux, direction, reduction)
-
-
-@kendall_sw_backward_op.register_fake
-def _(grad_loss, sim, idx, aux, direction, reduction):
-    return torch.empty(sim.shape, dtype=sim.dtype, device=sim.device)
-
-
-def _setup_context(ctx, inputs, output):
-    sim = inputs[0]
-    ctx.save_for_backward(sim, output[1], output[2])
-    ctx.codes = (inputs[6], inputs[7])
-
-
-def _op_backward(ctx, grad_loss, grad_idx, grad_aux):
-    sim, idx, aux = ctx.saved_tensors
-    return (kendall_sw_backward_op(grad_loss, sim, idx, aux, *ctx.codes),) + (None,) * 7
-
-
-torch.library.register_autograd("fastrank::kendall_sw", _op_backward, setup_context=_setup_context)
-
-
-class _KendallSWFunction(torch.autograd.Function):
-    """Eager path: the same kernels, without the custom-op dispatch."""
-
-    @staticmethod
-    def forward(ctx, sim, relevance, alpha, beta, hi, n_w, direction, reduction):
-        loss, idx, aux = _forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction)
-        ctx.save_for_backward(sim)
-        ctx.idx, ctx.aux = idx, aux  # not inputs or outputs: plain attributes
-        ctx.codes = (direction, reduction)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (sim,) = ctx.saved_tensors
-        return (_backward(grad_loss, sim, ctx.idx, ctx.aux, *ctx.codes),) + (None,) * 7
-
-
-def _compiled(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
-    return torch.ops.fastrank.kendall_sw(sim, relevance, alpha, beta, hi, n_w, direction, reduction)[0]
+# fastrank::kendall_sw -> (loss, idx, aux), fastrank::kendall_sw_backward, the eager
+# Function and the switch between them: fastrank/ops/_native_op.py
+KENDALL_SW = NativeOp("kendall_sw", _forward, ("loss", "idx", "aux"), _fake_forward, _backward)
+kendall_sw_op = KENDALL_SW.op
+kendall_sw_backward_op = KENDALL_SW.backward.op
 
 
 def _check_windows(alpha: float, beta: float, label_range) -> int:
@@ -130,6 +86,16 @@ def _check_windows(alpha: float, beta: float, label_range) -> int:
     if n_w > _INT32_MAX:
         raise ValueError(f"beta={beta} gives {n_w} windows, more than the kernels index")
     return n_w
+
+
+def _check_hyper(alpha, beta, label_range, direction, reduction):
+    """The hyper-parameters as the op uses them (the windows checked), or the error that names
+    the bad one."""
+    alpha = V.check_nonnegative(alpha, "alpha")
+    beta = V.check_positive(beta, "beta")
+    label_range = V.check_interval(label_range, "label_range")
+    _check_windows(alpha, beta, label_range)
+    return alpha, beta, label_range, V.check_direction(direction), V.check_reduction(reduction)
 
 
 def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: float = 0.05,
@@ -164,12 +130,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     """
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
-    alpha = V.check_nonnegative(alpha, "alpha")
-    beta = V.check_positive(beta, "beta")
-    label_range = V.check_interval(label_range, "label_range")
+    alpha, beta, label_range, direction, reduction = _check_hyper(alpha, beta, label_range, direction, reduction)
     n_w = _check_windows(alpha, beta, label_range)
-    V.check_direction(direction)
-    V.check_reduction(reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, label_range=label_range, loss="kendall_sw_loss")
     acc = acc_dtype(sim.dtype)
@@ -183,31 +145,37 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     if max(sim.shape) > _INT32_MAX:
         raise ValueError(f"sim has {max(sim.shape)} candidates per query; the native kernels "
                          f"index at most {_INT32_MAX} (use impl='reference')")
-    sim = kernel_input(sim)  # half on the CPU: upcast (autograd casts the gradient back)
-    if relevance.dtype != sim.dtype and relevance.dtype != acc:
-        relevance = relevance.to(acc)
-    return apply(_KendallSWFunction, _compiled, sim, relevance, alpha, beta, label_range[1], n_w,
-                 DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+    return KENDALL_SW(sim, relevance, alpha, beta, label_range[1], n_w, DIRECTION_CODE[direction],
+                      REDUCTION_CODE[reduction])
 
 
-class KendallSWLoss(torch.nn.Module):
+class KendallSWLoss(ModuleForm, functional=kendall_sw_loss, inputs=("sim", "relevance"), check=_check_hyper):
     """Module form of :func:`fastrank.kendall_sw_loss`: ``loss = KendallSWLoss()(sim, relevance)``."""
 
-    def __init__(self, alpha: float = 0.1, beta: float = 0.05, label_range=(0.0, 1.0),
-                 direction: str = "both", reduction: str = "mean", impl: str = "auto"):
-        super().__init__()
-        self.alpha = V.check_nonnegative(alpha, "alpha")
-        self.beta = V.check_positive(beta, "beta")
-        self.label_range = V.check_interval(label_range, "label_range")
-        _check_windows(self.alpha, self.beta, self.label_range)
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, relevance: Tensor) -> Tensor:
-        return kendall_sw_loss(sim, relevance, self.alpha, self.beta, self.label_range, self.direction,
-                               self.reduction, self.impl)
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _examples(dtype, seed=0, size=(5, 7)):
+    g = C.gen(seed)
+    sim, rel = C.scores(*size, dtype, g), torch.rand(*size, generator=g, dtype=dtype)
+    return [C.Example("both, mean", {"sim": sim, "relevance": rel},
+                      {"alpha": 0.1, "beta": 0.2, "label_range": (0.0, 1.0), "direction": "both",
+                       "reduction": "mean", "impl": "native"}),
+            C.Example("t2i, none", {"sim": sim, "relevance": rel},
+                      {"alpha": 0.2, "beta": 0.1, "label_range": (0.0, 1.0), "direction": "t2i",
+                       "reduction": "none", "impl": "native"})]
 
-    def extra_repr(self) -> str:
-        return (f"alpha={self.alpha}, beta={self.beta}, label_range={self.label_range}, "
-                f"direction={self.direction!r}, reduction={self.reduction!r}")
+
+def _op_args(x, h):
+    lo, hi = h["label_range"]
+    n_w = _check_windows(h["alpha"], h["beta"], (lo, hi))
+    return (x["sim"], x["relevance"], h["alpha"], h["beta"], hi, n_w, *C.codes(h))
+
+
+CONTRACT = C.glue_contract(
+    KENDALL_SW, _op_args, _examples,
+    C.TENSOR_CASES + C.RELEVANCE_CASES + C.HYPER_CASES + (
+        C.BadInput("relevance outside label_range", ValueError, "relevance",
+                   inputs=lambda x: {"relevance": x["relevance"] + 2}),
+        C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),
+        C.BadInput("beta = 0", ValueError, "beta", hyper={"beta": 0.0}),
+        C.BadInput("label_range with lo > hi", ValueError, "label_range", hyper={"label_range": (1.0, 0.0)})))

@@ -16,10 +16,13 @@ from torch import Tensor
 
 from .. import _validation as V
 from .._native import MAX_KS, acc_dtype, has_native
-from .._reduce import directions, orient, reduce_counted
+from .._reduce import per_positive_query
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
+from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._module import ModuleForm
+from ._native_op import NativeOp
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
 
@@ -58,60 +61,42 @@ def check_tau_k(tau_k, n: int) -> Tuple[float, ...]:
 
 # ---------------------------------------------------------------- native: one fused op
 # One forward kernel call (every requested direction, the reduction, each query's gradient
-# row) and smooth_ap's elementwise backward: fastrank/ops/_smooth_rank.py. Eager calls go
-# through an autograd.Function (the cheapest path); torch.compile through the custom op.
-@torch.library.custom_op("fastrank::recall_at_k", mutates_args=())
-def recall_at_k_op(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
-                   tau: float, direction: int, reduction: int) -> tuple[Tensor, Tensor]:
+# row) and smooth_ap's elementwise backward: fastrank/ops/_smooth_rank.py. The custom op
+# fastrank::recall_at_k, the eager Function and the switch: fastrank/ops/_native_op.py.
+def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
+             tau: float, direction: int, reduction: int, with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
     (accumulation dtype) is what the backward needs."""
-    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k), tau, direction, reduction)
+    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k), tau, direction, reduction, with_grad)
 
 
-@recall_at_k_op.register_fake
-def _(sim, positives, mask, ks, tau_k, tau, direction, reduction):
+def _fake_forward(sim, positives, mask, ks, tau_k, tau, direction, reduction):
     return SR.fake_forward(sim, direction, reduction)
 
 
-def _setup_context(ctx, inputs, output):
-    sim, _, mask = inputs[:3]
-    ctx.save_for_backward(sim, mask, output[1])
-    ctx.codes = (inputs[6], inputs[7])
-
-
-def _op_backward(ctx, grad_out, grad_ws):
-    sim, mask, ws = ctx.saved_tensors
-    return (SR.smooth_rank_backward_op(grad_out, sim, mask, ws, *ctx.codes),) + (None,) * 7
-
-
-torch.library.register_autograd("fastrank::recall_at_k", _op_backward, setup_context=_setup_context)
-
-
-def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: Tuple[int, ...],
-            tau: float, tau_k: Tuple[float, ...], direction: int, reduction: int) -> Tensor:
-    """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (docs/spec.md §2.9)."""
-    kf, tf = [float(k) for k in ks], [float(t) for t in tau_k]
-    if torch.compiler.is_compiling():
-        return recall_at_k_op(sim, positives, mask, kf, tf, tau, direction, reduction)[0]
-    return SR.Function.apply("recall_at_k_forward", sim, positives, mask, (kf, tf), tau, direction, reduction)
+RECALL_AT_K = NativeOp("recall_at_k", _forward, ("loss", "ws"), _fake_forward, SR.BACKWARD)
+recall_at_k_op = RECALL_AT_K.op
 
 
 # ---------------------------------------------------------------- reference
 def _reference(sim: Tensor, positives: Tensor, ks: Tuple[int, ...], tau: float, tau_k: Tuple[float, ...],
                direction: str, reduction: str, mask: Optional[Tensor]) -> Tensor:
     """The pure-PyTorch path (fastrank/reference/recall_at_k.py), same contract."""
-    s = sim.to(acc_dtype(sim.dtype))
-    parts, counted = [], []
-    for d in directions(direction):
-        pos, m = orient(positives, d), orient(mask, d)
-        parts.append(recall_at_k_per_query(orient(s, d), pos, ks, tau, tau_k, m))
-        # docs/spec.md §2.9: "mean" is over the queries with at least one positive in their list
-        counted.append((pos if m is None else pos & m).any(dim=1))
-    return reduce_counted(parts, counted, reduction)
+    # docs/spec.md §2.9: "mean" is over the queries with at least one positive in their list
+    return per_positive_query(direction, reduction,
+                              lambda s, pos, m: recall_at_k_per_query(s, pos, ks, tau, tau_k, m),
+                              sim.to(acc_dtype(sim.dtype)), positives, mask)
 
 
 # ---------------------------------------------------------------- public API
+def _check_hyper(ks, tau, tau_k, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    ks = check_ks(ks)
+    tau = V.check_positive(tau, "tau")
+    tau_k = check_tau_k(tau_k, len(ks))
+    return ks, tau, tau_k, V.check_direction(direction), V.check_reduction(reduction)
+
+
 def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
                      ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
                      tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
@@ -147,38 +132,35 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     V.check_sim(sim, values=False)
     positives = V.check_positives(positives, sim)
     V.check_mask(mask, sim)
-    ks = check_ks(ks)
-    tau = V.check_positive(tau, "tau")
-    tau_k = check_tau_k(tau_k, len(ks))
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    ks, tau, tau_k, direction, reduction = _check_hyper(ks, tau, tau_k, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, loss="recall_at_k_loss")
     if has_native(sim.device, impl, "recall_at_k_loss"):
-        return _native(sim, positives, mask, ks, tau, tau_k, DIRECTION_CODE[direction],
-                       REDUCTION_CODE[reduction])
+        return RECALL_AT_K(sim, positives, mask, [float(k) for k in ks], [float(t) for t in tau_k], tau,
+                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)
 
 
-class RecallAtKLoss(torch.nn.Module):
+class RecallAtKLoss(ModuleForm, functional=recall_at_k_loss, inputs=("sim", "positives", "mask"),
+                    check=_check_hyper):
     """Module form of :func:`fastrank.recall_at_k_loss`:
     ``loss = RecallAtKLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
 
-    def __init__(self, ks: Union[int, Sequence[int]] = DEFAULT_KS, tau: float = 0.01,
-                 tau_k: Union[float, Sequence[float]] = 1.0, direction: str = "both",
-                 reduction: str = "mean", impl: str = "auto"):
-        super().__init__()
-        self.ks = check_ks(ks)
-        self.tau = V.check_positive(tau, "tau")
-        self.tau_k = check_tau_k(tau_k, len(self.ks))
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, positives: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
-        return recall_at_k_loss(sim, positives, self.ks, self.tau, self.tau_k, self.direction, self.reduction,
-                                self.impl, mask)
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _op_args(x, h):
+    ks = check_ks(h["ks"])
+    tau_k = check_tau_k(h["tau_k"], len(ks))
+    return (x["sim"], x["positives"], x.get("mask"), [float(k) for k in ks], [float(t) for t in tau_k], h["tau"],
+            *C.codes(h))
 
-    def extra_repr(self) -> str:
-        return (f"ks={self.ks}, tau={self.tau}, tau_k={self.tau_k}, direction={self.direction!r}, "
-                f"reduction={self.reduction!r}")
+
+CONTRACT = C.glue_contract(
+    RECALL_AT_K, _op_args, C.subset_examples({"ks": (1, 2, 4), "tau_k": (1.0, 0.5, 2.0)}),
+    C.TENSOR_CASES + C.POSITIVES_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("tau = 0", ValueError, "tau", hyper={"tau": 0.0}),
+        C.BadInput("ks holds 0", ValueError, "ks", hyper={"ks": (0, 1), "tau_k": 1.0}),
+        C.BadInput("ks is empty", ValueError, "ks", hyper={"ks": (), "tau_k": 1.0}),
+        C.BadInput("ks holds a float", ValueError, "ks", hyper={"ks": (1.5,), "tau_k": 1.0}),
+        C.BadInput("tau_k of the wrong length", ValueError, "tau_k", hyper={"tau_k": (1.0, 1.0)}),
+        C.BadInput("tau_k = 0", ValueError, "tau_k", hyper={"tau_k": 0.0})))

@@ -13,72 +13,53 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .. import _validation as V
 from .._native import acc_dtype, has_native
-from .._reduce import directions, orient, reduce_counted
+from .._reduce import per_positive_query
 from ..reference.smooth_ap import smooth_ap_per_query
 from . import _smooth_rank as SR
+from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._module import ModuleForm
+from ._native_op import NativeOp
 
 
 # ---------------------------------------------------------------- native: one fused op
 # One forward kernel call (every requested direction, the reduction, each query's gradient
-# row) and one elementwise backward: fastrank/ops/_smooth_rank.py. Eager calls go through
-# an autograd.Function (the cheapest path); torch.compile through the custom op.
-@torch.library.custom_op("fastrank::smooth_ap", mutates_args=())
-def smooth_ap_op(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-                 reduction: int) -> tuple[Tensor, Tensor]:
+# row) and one elementwise backward: fastrank/ops/_smooth_rank.py. The custom op
+# fastrank::smooth_ap, the eager Function and the switch: fastrank/ops/_native_op.py.
+def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int, reduction: int,
+             with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
     (accumulation dtype) is what the backward needs."""
-    return SR.forward("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
+    return SR.forward("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction, with_grad)
 
 
-@smooth_ap_op.register_fake
-def _(sim, positives, mask, tau, direction, reduction):
+def _fake_forward(sim, positives, mask, tau, direction, reduction):
     return SR.fake_forward(sim, direction, reduction)
 
 
-def _setup_context(ctx, inputs, output):
-    sim, _, mask, _, direction, reduction = inputs
-    ctx.save_for_backward(sim, mask, output[1])
-    ctx.codes = (direction, reduction)
-
-
-def _op_backward(ctx, grad_out, grad_ws):
-    sim, mask, ws = ctx.saved_tensors
-    return SR.smooth_rank_backward_op(grad_out, sim, mask, ws, *ctx.codes), None, None, None, None, None
-
-
-torch.library.register_autograd("fastrank::smooth_ap", _op_backward, setup_context=_setup_context)
-
-
-def _native(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-            reduction: int) -> Tensor:
-    """The fused op: one forward and one backward for every requested direction, O(|P| * M)
-    pair work per i2t query (docs/spec.md §2.8)."""
-    if torch.compiler.is_compiling():
-        return smooth_ap_op(sim, positives, mask, tau, direction, reduction)[0]
-    return SR.Function.apply("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction)
+SMOOTH_AP = NativeOp("smooth_ap", _forward, ("loss", "ws"), _fake_forward, SR.BACKWARD)
+smooth_ap_op = SMOOTH_AP.op
 
 
 # ---------------------------------------------------------------- reference
 def _reference(sim: Tensor, positives: Tensor, tau: float, direction: str, reduction: str,
                mask: Optional[Tensor]) -> Tensor:
     """The pure-PyTorch path (fastrank/reference/smooth_ap.py), same contract."""
-    s = sim.to(acc_dtype(sim.dtype))
-    parts, counted = [], []
-    for d in directions(direction):
-        pos, m = orient(positives, d), orient(mask, d)
-        parts.append(smooth_ap_per_query(orient(s, d), pos, tau, m))
-        # docs/spec.md §2.8: "mean" is over the queries with at least one positive in their list
-        counted.append((pos if m is None else pos & m).any(dim=1))
-    return reduce_counted(parts, counted, reduction)
+    # docs/spec.md §2.8: "mean" is over the queries with at least one positive in their list
+    return per_positive_query(direction, reduction, lambda s, pos, m: smooth_ap_per_query(s, pos, tau, m),
+                              sim.to(acc_dtype(sim.dtype)), positives, mask)
 
 
 # ---------------------------------------------------------------- public API
+def _check_hyper(tau, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    return V.check_positive(tau, "tau"), V.check_direction(direction), V.check_reduction(reduction)
+
+
 def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float = 0.01, direction: str = "both",
                    reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
     """Smooth-AP loss, 1 - smoothed average precision per query (docs/spec.md §2.8; Brown et al.,
@@ -108,30 +89,22 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
     V.check_sim(sim, values=False)
     positives = V.check_positives(positives, sim)
     V.check_mask(mask, sim)
-    tau = V.check_positive(tau, "tau")
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    tau, direction, reduction = _check_hyper(tau, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, loss="smooth_ap_loss")
     if has_native(sim.device, impl, "smooth_ap_loss"):
-        return _native(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+        return SMOOTH_AP(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, tau, direction, reduction, mask)
 
 
-class SmoothAPLoss(torch.nn.Module):
+class SmoothAPLoss(ModuleForm, functional=smooth_ap_loss, inputs=("sim", "positives", "mask"), check=_check_hyper):
     """Module form of :func:`fastrank.smooth_ap_loss`:
     ``loss = SmoothAPLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
 
-    def __init__(self, tau: float = 0.01, direction: str = "both", reduction: str = "mean",
-                 impl: str = "auto"):
-        super().__init__()
-        self.tau = V.check_positive(tau, "tau")
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, positives: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
-        return smooth_ap_loss(sim, positives, self.tau, self.direction, self.reduction, self.impl, mask)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+CONTRACT = C.glue_contract(
+    SMOOTH_AP, lambda x, h: (x["sim"], x["positives"], x.get("mask"), h["tau"], *C.codes(h)),
+    C.subset_examples({}),
+    C.TENSOR_CASES + C.POSITIVES_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("tau < 0", ValueError, "tau", hyper={"tau": -1.0}),))

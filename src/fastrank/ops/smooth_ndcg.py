@@ -6,14 +6,13 @@ csrc/cuda/smooth_ndcg.cu) and one backward op ``fastrank::smooth_ndcg_backward``
 t2i direction reads sim, relevance and mask through swapped strides. The forward returns
 (loss, ws): ws holds what the backward needs (csrc/include/fastrank/smooth_ndcg.h).
 Eagerly the call goes through an autograd.Function (the cheapest path); under
-torch.compile through the custom ops (registered fake + autograd). Both call the same
-``_forward`` / ``_backward``.
+torch.compile through the custom ops (registered fake + autograd), both made by
+fastrank/ops/_native_op.py from ``_forward`` / ``_backward``.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .. import _validation as V
@@ -21,8 +20,11 @@ from .._native import DTYPE_CODE, acc_dtype, has_native
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from . import _smooth_rank
-from ._launch import (DIRECTION_CODE, REDUCTION_CODE, apply, call, cuda_kernels, kernel_input, mask_args,
-                      mat, module_for)
+from . import _contract as C
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat, module_for
+from ._module import ModuleForm
+from ._native_op import NativeOp
+
 
 _sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
 
@@ -63,64 +65,18 @@ def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor,
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
 
 
-# ---------------------------------------------------------------- eager: autograd.Function
-class _SmoothNDCG(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, sim, relevance, mask, tau, direction, reduction):
-        out, ws = _forward(sim, relevance, mask, tau, direction, reduction, ctx.needs_input_grad[0])
-        ctx.mark_non_differentiable(ws)
-        ctx.save_for_backward(sim, mask, ws)
-        ctx.args = (tau, direction, reduction)
-        return out, ws
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_ws):
-        sim, mask, ws = ctx.saved_tensors
-        grad = _backward(grad_out, sim, mask, ws, *ctx.args) if ctx.needs_input_grad[0] else None
-        return grad, None, None, None, None, None
-
-
-# ---------------------------------------------------------------- torch.compile: custom ops
-@torch.library.custom_op("fastrank::smooth_ndcg", mutates_args=())
-def smooth_ndcg_op(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-                   reduction: int) -> tuple[Tensor, Tensor]:
-    """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none;
-    ws (accumulation dtype) is what the backward needs."""
-    return _forward(sim, relevance, mask, tau, direction, reduction)
-
-
-@smooth_ndcg_op.register_fake
-def _(sim, relevance, mask, tau, direction, reduction):
+def _fake_forward(sim, relevance, mask, tau, direction, reduction):
     acc = acc_dtype(sim.dtype)
     q, ws_numel = _sizes(sim.shape[0], sim.shape[1], direction)
     return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc),
             sim.new_empty((ws_numel,), dtype=acc))
 
 
-@torch.library.custom_op("fastrank::smooth_ndcg_backward", mutates_args=())
-def smooth_ndcg_backward_op(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
-                            direction: int, reduction: int) -> Tensor:
-    """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
-    return _backward(grad_out, sim, mask, ws, tau, direction, reduction)
-
-
-@smooth_ndcg_backward_op.register_fake
-def _(grad_out, sim, mask, ws, tau, direction, reduction):
-    return sim.new_empty(sim.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    sim, relevance, mask, tau, direction, reduction = inputs
-    ctx.save_for_backward(sim, mask, output[1])
-    ctx.args = (tau, direction, reduction)
-
-
-def _op_backward(ctx, grad_out, grad_ws):
-    sim, mask, ws = ctx.saved_tensors
-    return smooth_ndcg_backward_op(grad_out, sim, mask, ws, *ctx.args), None, None, None, None, None
-
-
-torch.library.register_autograd("fastrank::smooth_ndcg", _op_backward, setup_context=_setup_context)
+# the custom ops fastrank::smooth_ndcg -> (loss, ws) and fastrank::smooth_ndcg_backward,
+# the eager autograd.Function and the switch between them: fastrank/ops/_native_op.py
+SMOOTH_NDCG = NativeOp("smooth_ndcg", _forward, ("loss", "ws"), _fake_forward, _backward)
+smooth_ndcg_op = SMOOTH_NDCG.op
+smooth_ndcg_backward_op = SMOOTH_NDCG.backward.op
 
 
 # ---------------------------------------------------------------- public API
@@ -136,6 +92,11 @@ def _reference(sim: Tensor, relevance: Tensor, tau: float, direction: str, reduc
     # docs/spec.md §2.1a: the mean over the lists with at least one valid item (0 if none has)
     counts = [orient(mask, d).any(dim=1).sum().clamp(min=1) for d in directions(direction)]
     return sum(p.sum() / c for p, c in zip(parts, counts))
+
+
+def _check_hyper(tau, direction, reduction):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    return V.check_positive(tau, "tau"), V.check_direction(direction), V.check_reduction(reduction)
 
 
 def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, direction: str = "both",
@@ -169,31 +130,24 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
     V.check_mask(mask, sim)
-    tau = V.check_positive(tau, "tau")
-    V.check_direction(direction)
-    V.check_reduction(reduction)
+    tau, direction, reduction = _check_hyper(tau, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, relevance_min=0.0, loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
-    return apply(_SmoothNDCG, smooth_ndcg_op, sim, relevance, mask, tau, DIRECTION_CODE[direction],
-                 REDUCTION_CODE[reduction])[0]
+    return SMOOTH_NDCG(sim, relevance, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
-class SmoothNDCGLoss(torch.nn.Module):
+class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance", "mask"),
+                     check=_check_hyper):
     """Module form of :func:`fastrank.smooth_ndcg_loss`:
     ``loss = SmoothNDCGLoss()(sim, relevance)`` or ``(sim, relevance, mask=mask)``."""
 
-    def __init__(self, tau: float = 0.01, direction: str = "both", reduction: str = "mean",
-                 impl: str = "auto"):
-        super().__init__()
-        self.tau = V.check_positive(tau, "tau")
-        self.direction = V.check_direction(direction)
-        self.reduction = V.check_reduction(reduction)
-        self.impl = impl if impl == "auto" else V.check_impl(impl)
 
-    def forward(self, sim: Tensor, relevance: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return smooth_ndcg_loss(sim, relevance, self.tau, self.direction, self.reduction, self.impl, mask)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, direction={self.direction!r}, reduction={self.reduction!r}"
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+CONTRACT = C.glue_contract(
+    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), h["tau"], *C.codes(h)),
+    C.graded_examples({"tau": 0.3}, "t2i", {"tau": 0.5}),
+    C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
+        C.BadInput("negative relevance", ValueError, "relevance", inputs=lambda x: {"relevance": x["relevance"] - 1}),
+        C.BadInput("tau = 0", ValueError, "tau", hyper={"tau": 0.0})))
