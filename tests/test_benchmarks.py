@@ -398,7 +398,7 @@ def test_breadth_order_covers_every_op_before_large_sizes(bench):
 
 def test_every_op_of_the_table_is_benchmarked(bench):
     """benchmarks/ops.py holds what only a benchmark needs (sizes, floors, baselines); its ops
-    follow the table (fastrank/ops/registry.py): every native op of the table is measured."""
+    follow the table (src/fastrank/ops/registry.py): every native op of the table is measured."""
     import benchmarks.ops as bops
     from fastrank.ops.registry import LOSSES
     measured = {op.requires or op.name for op in bops.OPS.values()}

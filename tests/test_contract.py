@@ -1,4 +1,4 @@
-"""The contract every native op keeps, run over the registry (fastrank/ops/registry.py):
+"""The contract every native op keeps, run over the registry (src/fastrank/ops/registry.py):
 
 - ``torch.library.opcheck`` on each of its custom ops (schema, fake tensor, autograd
   registration, AOT dispatch), on the registry's example inputs;
@@ -180,7 +180,7 @@ def test_every_fastrank_custom_op_is_in_the_registry():
     defined = {m for path in package.rglob("*.py") for m in CUSTOM_OP.findall(path.read_text())}
     assert registered and defined
     missing = (registered | defined) - covered
-    assert not missing, f"custom ops not in fastrank/ops/registry.py: {sorted(missing)}"
+    assert not missing, f"custom ops not in src/fastrank/ops/registry.py: {sorted(missing)}"
     assert covered <= registered, f"registry entries name ops that do not exist: {covered - registered}"
 
 
@@ -196,7 +196,7 @@ def test_the_completeness_check_would_see_a_new_op():
 # ---------------------------------------------------------------- the table feeds the public names
 def test_the_public_names_are_the_table_of_losses():
     """fastrank.__all__ and fastrank.nn.__all__ are written out (static analysis reads them:
-    the API pages, type checkers); they hold exactly the table's forms (fastrank/ops/registry.py)."""
+    the API pages, type checkers); they hold exactly the table's forms (src/fastrank/ops/registry.py)."""
     assert set(fastrank.__all__) == {"__version__", "backends", "nn"} | set(functional_names())
     assert set(fastrank.nn.__all__) == {"CombinedLoss"} | set(module_names())
     for row in LOSSES.values():

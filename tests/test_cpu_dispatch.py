@@ -1,5 +1,5 @@
 """Runtime CPU dispatch: the instruction-set levels of the CPU module (CMakeLists.txt,
-csrc/bindings/cpu_dispatch.cpp, fastrank/_native.py).
+csrc/bindings/cpu_dispatch.cpp, src/fastrank/_native.py).
 
 - the level in use is the best this CPU runs, or the one FASTRANK_CPU_ISA forces; a level
   the build lacks or the CPU cannot run is a clear error naming the variable;

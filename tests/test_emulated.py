@@ -36,7 +36,7 @@ import build as simt  # noqa: E402
 pytestmark = pytest.mark.emulated
 
 MATRIX = HERE / "cuda_matrix"
-# the matrix files of the table's native ops (fastrank/ops/registry.py), in two child
+# the matrix files of the table's native ops (src/fastrank/ops/registry.py), in two child
 # processes that run side by side (dealt out in turn: about equal halves)
 MATRIX_FILES = list(dict.fromkeys(row.cuda_matrix for row in LOSSES.values() if row.cuda_matrix))
 MATRIX_GROUPS = [MATRIX_FILES[0::2], MATRIX_FILES[1::2]]

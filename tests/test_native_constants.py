@@ -2,7 +2,7 @@
 computes (csrc/bindings/constants.h, from csrc/include/fastrank).
 
 Python reads the dtype, direction and reduction codes and MAX_KS from the modules
-(fastrank/_native.py) and asks them for the CUDA-only buffer sizes. Only the sizes that a
+(src/fastrank/_native.py) and asks them for the CUDA-only buffer sizes. Only the sizes that a
 register_fake needs stay Python formulas (a fake must stay symbolic under torch.compile with
 dynamic shapes): here each is compared with the module's over a grid of shapes and every
 direction, for the CPU module and for the CUDA module (its emulated build, tests/simt, in a

@@ -1,4 +1,4 @@
-"""fastrank/_validation.py: the hyper-parameter helpers every public function shares
+"""src/fastrank/_validation.py: the hyper-parameter helpers every public function shares
 (docs/spec.md §1: any real number, rejected only when out of range or not a number, with the
 argument and the type named) and the one-pass value checks."""
 import fractions

@@ -36,7 +36,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastrank' has no attribute {name!r}")
 
 
-# the functional forms of the table of losses (fastrank/ops/registry.py), written out for
+# the functional forms of the table of losses (src/fastrank/ops/registry.py), written out for
 # static analysis (the API pages); tests/test_contract.py holds the two equal
 __all__ = [
     "__version__", "backends", "nn",

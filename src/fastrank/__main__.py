@@ -1,4 +1,4 @@
-"""``python -m fastrank``: the same command line as ``fastrank`` (see fastrank/cli.py)."""
+"""``python -m fastrank``: the same command line as ``fastrank`` (see src/fastrank/cli.py)."""
 import sys
 
 from .cli import main

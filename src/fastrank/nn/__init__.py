@@ -13,7 +13,7 @@ from ..losses.topk import TopKLoss
 from ..losses.dvse import VarianceWeightedLoss, OrthogonalLoss
 from .combined import CombinedLoss
 
-# the module forms of the table of losses (fastrank/ops/registry.py), written out for
+# the module forms of the table of losses (src/fastrank/ops/registry.py), written out for
 # static analysis (the API pages); tests/test_contract.py holds the two equal
 __all__ = [
     "SmoothNDCGLoss", "SmoothAPLoss", "RecallAtKLoss", "KendallLoss", "KendallSWLoss", "FastRerank",

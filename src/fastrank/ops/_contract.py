@@ -1,9 +1,9 @@
 """What tests/test_contract.py runs on every native op, and the pieces ops share to say it.
 
-Each op's declaration (fastrank/ops/<op>.py) ends with its :class:`Contract`: a factory of
+Each op's declaration (src/fastrank/ops/<op>.py) ends with its :class:`Contract`: a factory of
 example inputs, the forward custom op's arguments for an example (the contract calls each
 custom op on them, through :meth:`fastrank.ops._native_op.NativeOp.samples`), and bad inputs
-with the error they must raise. fastrank/ops/registry.py puts them in the table of ops.
+with the error they must raise. src/fastrank/ops/registry.py puts them in the table of ops.
 """
 from __future__ import annotations
 

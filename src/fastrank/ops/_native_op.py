@@ -1,6 +1,6 @@
 """One glue for every native op: a declaration in, the eager and compiled paths out.
 
-An op declares (fastrank/ops/<op>.py) its forward and backward *fill* functions (the
+An op declares (src/fastrank/ops/<op>.py) its forward and backward *fill* functions (the
 kernel wrappers: tensors in, the kernel's outputs allocated and filled), the names of the
 forward's outputs, how many of them the caller gets, and a fake of the forward. From that
 :class:`NativeOp` makes, the same way for every op:

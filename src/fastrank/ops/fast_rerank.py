@@ -14,7 +14,7 @@ One call = one forward kernel entry and, under autograd, one backward kernel ent
 
 Eager calls go through an autograd.Function calling the kernels directly (the cheapest
 path); torch.compile traces the custom ops (fake + autograd registered), both made by
-fastrank/ops/_native_op.py from ``_forward`` / ``_backward``, so they compute the same thing. Memory: the two outputs, the
+src/fastrank/ops/_native_op.py from ``_forward`` / ``_backward``, so they compute the same thing. Memory: the two outputs, the
 O(N + M) statistics and an O(N + M) workspace; nothing else (N, M)-sized.
 
 Non-finite sim (docs/spec.md §1): the kernels propagate NaN/inf into the scores and the
@@ -140,7 +140,7 @@ def _check_forward(result) -> None:
 
 
 # fastrank::fast_rerank -> (i2t, t2i, stats), fastrank::fast_rerank_backward, the eager
-# Function and the switch between them: fastrank/ops/_native_op.py. The finite check runs
+# Function and the switch between them: src/fastrank/ops/_native_op.py. The finite check runs
 # on the eager path (the compiled one keeps no host-side flag).
 FAST_RERANK = NativeOp("fast_rerank", _forward, ("i2t", "t2i", "stats"), _fake_forward, _backward, public=2,
                        after=_check_forward, in_sim_dtype=True)

@@ -7,7 +7,7 @@ csrc/cuda/kendall.cu). Those rows are saved, one (N, M) slab per direction, so t
 backward (``fastrank::kendall_backward``) is one elementwise kernel that scales them by
 grad_output, read from device memory: no second O(N M^2) pass, no host sync.
 Eager calls go through an autograd.Function (the cheapest path); torch.compile traces
-the torch.library custom ops (both made by fastrank/ops/_native_op.py from ``_forward`` /
+the torch.library custom ops (both made by src/fastrank/ops/_native_op.py from ``_forward`` /
 ``_backward``).
 Memory: sim, relevance, at most two dsim slabs and the gradient: five N x M matrices.
 """
@@ -75,7 +75,7 @@ def _fake_forward(sim, relevance, mask, alpha, direction, reduction):
 
 
 # fastrank::kendall -> (loss, dsim, aux), fastrank::kendall_backward, the eager Function
-# and the switch between them: fastrank/ops/_native_op.py
+# and the switch between them: src/fastrank/ops/_native_op.py
 KENDALL = NativeOp("kendall", _forward, ("loss", "dsim", "aux"), _fake_forward, _backward)
 kendall_op = KENDALL.op
 

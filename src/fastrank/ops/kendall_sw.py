@@ -69,7 +69,7 @@ def _fake_forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
 
 
 # fastrank::kendall_sw -> (loss, idx, aux), fastrank::kendall_sw_backward, the eager
-# Function and the switch between them: fastrank/ops/_native_op.py
+# Function and the switch between them: src/fastrank/ops/_native_op.py
 KENDALL_SW = NativeOp("kendall_sw", _forward, ("loss", "idx", "aux"), _fake_forward, _backward)
 kendall_sw_op = KENDALL_SW.op
 kendall_sw_backward_op = KENDALL_SW.backward.op

@@ -4,7 +4,7 @@ Built on the same smooth rank as smooth_ndcg and smooth_ap (R_all of docs/spec.m
 engine for the three losses. Native path: one fused forward (every requested direction,
 the reduction and each query's gradient row, O(|P| * M) pair work per query) and smooth_ap's
 elementwise backward (csrc/cpu/recall_at_k.cpp, csrc/cuda/recall_at_k.cu,
-fastrank/ops/_smooth_rank.py); the pure-PyTorch reference is fastrank/reference/recall_at_k.py.
+src/fastrank/ops/_smooth_rank.py); the pure-PyTorch reference is src/fastrank/reference/recall_at_k.py.
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def check_tau_k(tau_k, n: int) -> Tuple[float, ...]:
 
 # ---------------------------------------------------------------- native: one fused op
 # One forward kernel call (every requested direction, the reduction, each query's gradient
-# row) and smooth_ap's elementwise backward: fastrank/ops/_smooth_rank.py. The custom op
-# fastrank::recall_at_k, the eager Function and the switch: fastrank/ops/_native_op.py.
+# row) and smooth_ap's elementwise backward: src/fastrank/ops/_smooth_rank.py. The custom op
+# fastrank::recall_at_k, the eager Function and the switch: src/fastrank/ops/_native_op.py.
 def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
              tau: float, direction: int, reduction: int, with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
@@ -81,7 +81,7 @@ recall_at_k_op = RECALL_AT_K.op
 # ---------------------------------------------------------------- reference
 def _reference(sim: Tensor, positives: Tensor, ks: Tuple[int, ...], tau: float, tau_k: Tuple[float, ...],
                direction: str, reduction: str, mask: Optional[Tensor]) -> Tensor:
-    """The pure-PyTorch path (fastrank/reference/recall_at_k.py), same contract."""
+    """The pure-PyTorch path (src/fastrank/reference/recall_at_k.py), same contract."""
     # docs/spec.md §2.9: "mean" is over the queries with at least one positive in their list
     return per_positive_query(direction, reduction,
                               lambda s, pos, m: recall_at_k_per_query(s, pos, ks, tau, tau_k, m),

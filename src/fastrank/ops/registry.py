@@ -2,7 +2,7 @@
 
 A row names the functional form (``fastrank.<functional>``), the ``nn.Module`` form
 (``fastrank.nn.<Module>``), and, for an op with native kernels (docs/spec.md §2, §3), its
-part of the contract (fastrank/ops/_contract.py: example inputs, the calls of its
+part of the contract (src/fastrank/ops/_contract.py: example inputs, the calls of its
 ``torch.library`` custom ops, bad inputs), declared in the op's own file next to its glue.
 
 Read from here: ``fastrank.__all__`` and ``fastrank.nn.__all__``; :class:`fastrank.nn.CombinedLoss`'s

@@ -6,8 +6,8 @@ serves the three smooth-rank losses (smooth_ndcg, smooth_ap, recall_at_k).
 
 Native path: one fused forward (every requested direction, the reduction and each query's
 gradient row, O(|P| * M) pair work per query) and one elementwise backward
-(csrc/cpu/smooth_ap.cpp, csrc/cuda/smooth_ap.cu, fastrank/ops/_smooth_rank.py); the
-pure-PyTorch reference is fastrank/reference/smooth_ap.py.
+(csrc/cpu/smooth_ap.cpp, csrc/cuda/smooth_ap.cu, src/fastrank/ops/_smooth_rank.py); the
+pure-PyTorch reference is src/fastrank/reference/smooth_ap.py.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from ._native_op import NativeOp
 
 # ---------------------------------------------------------------- native: one fused op
 # One forward kernel call (every requested direction, the reduction, each query's gradient
-# row) and one elementwise backward: fastrank/ops/_smooth_rank.py. The custom op
-# fastrank::smooth_ap, the eager Function and the switch: fastrank/ops/_native_op.py.
+# row) and one elementwise backward: src/fastrank/ops/_smooth_rank.py. The custom op
+# fastrank::smooth_ap, the eager Function and the switch: src/fastrank/ops/_native_op.py.
 def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int, reduction: int,
              with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
@@ -48,7 +48,7 @@ smooth_ap_op = SMOOTH_AP.op
 # ---------------------------------------------------------------- reference
 def _reference(sim: Tensor, positives: Tensor, tau: float, direction: str, reduction: str,
                mask: Optional[Tensor]) -> Tensor:
-    """The pure-PyTorch path (fastrank/reference/smooth_ap.py), same contract."""
+    """The pure-PyTorch path (src/fastrank/reference/smooth_ap.py), same contract."""
     # docs/spec.md §2.8: "mean" is over the queries with at least one positive in their list
     return per_positive_query(direction, reduction, lambda s, pos, m: smooth_ap_per_query(s, pos, tau, m),
                               sim.to(acc_dtype(sim.dtype)), positives, mask)

@@ -7,7 +7,7 @@ t2i direction reads sim, relevance and mask through swapped strides. The forward
 (loss, ws): ws holds what the backward needs (csrc/include/fastrank/smooth_ndcg.h).
 Eagerly the call goes through an autograd.Function (the cheapest path); under
 torch.compile through the custom ops (registered fake + autograd), both made by
-fastrank/ops/_native_op.py from ``_forward`` / ``_backward``.
+src/fastrank/ops/_native_op.py from ``_forward`` / ``_backward``.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def _fake_forward(sim, relevance, mask, tau, direction, reduction):
 
 
 # the custom ops fastrank::smooth_ndcg -> (loss, ws) and fastrank::smooth_ndcg_backward,
-# the eager autograd.Function and the switch between them: fastrank/ops/_native_op.py
+# the eager autograd.Function and the switch between them: src/fastrank/ops/_native_op.py
 SMOOTH_NDCG = NativeOp("smooth_ndcg", _forward, ("loss", "ws"), _fake_forward, _backward)
 smooth_ndcg_op = SMOOTH_NDCG.op
 smooth_ndcg_backward_op = SMOOTH_NDCG.backward.op
@@ -82,7 +82,7 @@ smooth_ndcg_backward_op = SMOOTH_NDCG.backward.op
 # ---------------------------------------------------------------- public API
 def _reference(sim: Tensor, relevance: Tensor, tau: float, direction: str, reduction: str,
                mask: Optional[Tensor]) -> Tensor:
-    """The pure-PyTorch path (fastrank/reference/smooth_ndcg.py), same contract."""
+    """The pure-PyTorch path (src/fastrank/reference/smooth_ndcg.py), same contract."""
     acc = acc_dtype(sim.dtype)
     s, r = sim.to(acc), relevance.detach().to(acc)
     parts = [smooth_ndcg_per_query(orient(s, d), orient(r, d), tau, orient(mask, d))

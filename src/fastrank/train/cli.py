@@ -1,4 +1,4 @@
-"""``fastrank train | eval | demo`` (added to the ``fastrank`` parser by fastrank/cli.py).
+"""``fastrank train | eval | demo`` (added to the ``fastrank`` parser by src/fastrank/cli.py).
 
     fastrank train --config configs/coco_vse_listwise.toml --out runs/coco
     fastrank train --data demo --loss "triplet:1.0,smooth_ndcg:1.0" --epochs 5 --set model.embed_dim=256
