@@ -127,14 +127,13 @@ def run(args, device, save):
         for op in ops:
             for n in sizes:
                 times = {}
-                if not why:
-                    for _ in range(blocks):     # the builds and the public call alternate: one load
-                        for name, exe in exes.items():
-                            for p, ts in run_driver(exe, op, n, reps, rounds, threads).items():
-                                times.setdefault((name, p), []).extend(ts)
-                        for p in passes_of(op):
-                            r = reps or max(1, 200 * 128 ** 3 // n ** 3)
-                            times.setdefault((PUBLIC, p), []).extend(time_public(op, n, p, r, rounds))
+                for _ in range(blocks):     # the builds and the public call alternate: one load
+                    for name, exe in ({} if why else exes).items():   # no driver without a compiler
+                        for p, ts in run_driver(exe, op, n, reps, rounds, threads).items():
+                            times.setdefault((name, p), []).extend(ts)
+                    for p in passes_of(op):
+                        r = reps or max(1, 200 * 128 ** 3 // n ** 3)
+                        times.setdefault((PUBLIC, p), []).extend(time_public(op, n, p, r, rounds))
                 for name in list(trees) + [PUBLIC]:
                     for p in passes_of(op):
                         rec = {"op": op, "impl": name, "mode": p, "size": {"n": n, "m": n}, "size_label": f"{n} x {n}",
