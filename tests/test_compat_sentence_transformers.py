@@ -29,6 +29,7 @@ import fastrank  # noqa: E402
 from fastrank.compat import sentence_transformers as fst  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.util import cos_sim  # noqa: E402
+from _param_grads import assert_same, loss_and_grads  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MINILM = str(gt.get_model_path())
@@ -111,26 +112,6 @@ def images(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [Image.fromarray((torch.rand(40, 40, 3, generator=g) * 255).to(torch.uint8).numpy())
             for _ in range(n)]
-
-
-def grads(model):
-    return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
-
-
-def loss_and_grads(model, fn):
-    model.zero_grad(set_to_none=True)
-    value = fn()
-    value.backward()
-    return value.detach(), grads(model)
-
-
-def assert_same(a, b, rtol=1e-9, atol=1e-12):
-    (va, ga), (vb, gb) = a, b
-    torch.testing.assert_close(va, vb, rtol=rtol, atol=atol)
-    assert ga.keys() == gb.keys() and ga
-    for k in ga:
-        torch.testing.assert_close(ga[k], gb[k], rtol=rtol, atol=atol, msg=k)
-    assert any(float(g.abs().max()) > 0 for g in ga.values())
 
 
 # ------------------------------------------------------------------ the convention, by hand
