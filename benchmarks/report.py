@@ -14,7 +14,8 @@
   The path is relative to the markdown file. Keys: ``columns`` (tables.py's tokens),
   ``ops``, ``modes``, ``max_n``, ``min_n``, ``row_label`` and ``op_label`` (the size and
   op columns' titles); ``layout=quality`` (with ``ref``) for a training-quality result
-  (quality_report.py).
+  (quality_report.py); ``layout=isa`` (no ``columns``) for the CPU-level table that
+  cases/isa.py renders into its result.
 
 ``--check`` writes nothing and exits 1 when a markdown file (a result's ``.md`` or a
 README or docs/ table) is not what its JSON gives (tests/test_benchmarks.py checks the README and docs/).
@@ -61,7 +62,7 @@ def parse_spec(spec: str) -> dict:
     for p in parts[1:]:
         key, _, value = p.partition("=")
         out[key.strip()] = value.strip()
-    if "columns" not in out:
+    if "columns" not in out and out.get("layout") != "isa":
         raise ValueError(f"benchmarks table marker without columns=: {spec!r}")
     return out
 
@@ -76,6 +77,8 @@ def render_block(spec: dict, base: Path) -> str:
             raise ValueError(f"{spec['file']}: no record matches {spec}")
         return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
                 + quality_report.table(recs, _csv(spec["columns"]), spec.get("ref"), payload["results"]) + "\n")
+    if spec.get("layout") == "isa":   # cases/isa.py renders its own table (a column per CPU level)
+        return f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n" + "\n".join(payload["report"]["table"]) + "\n"
     recs = tables.select(payload["results"], ops=_csv(spec.get("ops")), modes=_csv(spec.get("modes")),
                          max_n=_num(spec.get("max_n")), min_n=_num(spec.get("min_n")))
     if not recs:
