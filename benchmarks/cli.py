@@ -74,9 +74,9 @@ def parser(case_names) -> argparse.ArgumentParser:
     g.add_argument("--sizes", type=lambda s: [int(x) for x in _csv(s)], default=None,
                    help="batch sizes (default: 256..8192 image, 256, 1024, 4096, 8192 text)")
     g = p.add_argument_group("quality")
-    g.add_argument("--full", action="store_true", help="the full setting (5 splits, more steps and tokens: hours)")
+    g.add_argument("--full", action="store_true", help="the full setting (5 splits, twice the steps: ~40 min on one core)")
     g.add_argument("--splits", type=int, default=None, help="splits (default: 2; --full: 5)")
-    g.add_argument("--steps", type=int, default=None, help="training steps per loss (default: 20; --full: 150)")
+    g.add_argument("--steps", type=int, default=None, help="training steps per loss (default: 20; --full: 40)")
     g = p.add_argument_group("cpu_kernels")
     g.add_argument("--kernel-src", default=None, metavar="CSRC",
                    help="A/B: also build the kernels of this csrc/ folder (e.g. of a git worktree at REV)")

@@ -69,6 +69,7 @@ def test_settings_fixed_and_the_same_keys_everywhere():
     full, default = Q.SETTINGS["full"], Q.SETTINGS["default"]
     assert full["splits"] >= 5
     assert default["splits"] <= full["splits"] and default["steps"] <= full["steps"]
+    assert default["splits"] < full["splits"] and default["steps"] < full["steps"]   # a smaller setting
     assert default["bi_tokens"] <= full["bi_tokens"] and default["ce_tokens"] <= full["ce_tokens"]
     assert default["max_test_items"] is None and full["max_test_items"] is None   # the whole test half
     args = argparse.Namespace(quick=False, full=False, splits=None, steps=None)
