@@ -1,17 +1,19 @@
 """isa: every native op at each CPU instruction-set level of the dispatching build, beside a
-``-march=native`` build of the same sources, in one run, with the exp floor beside.
+``-march=native`` build of the same sources, in one run, with the op's floor beside.
 
     python -m benchmarks isa                     # one thread, N = 128 and 512, 3 rounds
     python -m benchmarks isa --threads 2 --ops smooth_ndcg,kendall
 
 One step is ``sim.grad = None; loss(sim, relevance).backward()`` (percall's step), float32,
-direction="both", reduction="mean". Each level this CPU runs is timed in a process of its
+direction="both", reduction="mean"; for fast_rerank_topk (no gradient) its forward on N x N
+unit embeddings, d = 64, k = 10. Each level this CPU runs is timed in a process of its
 own with ``FASTRANK_CPU_ISA=<level>``; the ``native`` column loads a CPU module built with
 ``FASTRANK_CPU_NATIVE=1`` (``setup.py build_ext`` into a temporary directory; its CMake build
 is kept in ``build/cmake-*-native``, so a rerun compiles nothing). The levels are timed in
 rounds (3, each in a new order), and every number is the median over the rounds of each
 round's median (timing.autorange). ``floor``: the op's exponentials (ops.py) at the one-core
-exp rate the ``floors`` case measures (ceilings.py), scaled by the thread count.
+exp rate the ``floors`` case measures (ceilings.py), scaled by the thread count, plus its
+matmul flops (fast_rerank_topk) at the measured matmul rate.
 """
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ from pathlib import Path
 import torch
 
 import fastrank
+from fastrank.ops import registry
 
 from ..case import Case, payload
 from ..ceilings import measure_ceilings
-from ..ops import OPS, square
+from ..ops import OPS, TOPK_D, square
 from ..results import machine_info
 
-NATIVE_OPS = ("smooth_ndcg", "kendall", "kendall_sw", "smooth_ap", "recall_at_k", "fast_rerank")
+NATIVE_OPS = tuple(registry.NATIVE_OPS)   # every op with native kernels (the table of losses)
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
@@ -47,7 +50,7 @@ if args["module"]:   # the -march=native build, in place of the installed CPU mo
     sys.modules["fastrank._C_cpu"] = mod
 sys.path.insert(0, args["root"])
 import fastrank
-from benchmarks.ops import OPS
+from benchmarks.ops import OPS, TOPK_D
 from benchmarks.cases.percall import _scalar, _step
 from benchmarks.timing import autorange
 torch.set_num_threads(args["threads"])
@@ -55,10 +58,12 @@ out = {"level": fastrank.backends()["cpu_isa"], "compiler": fastrank.backends()[
 for name in args["ops"]:
     op = OPS[name]
     for n in args["sizes"]:
-        size = {"n": n, "m": n}
+        size = {"n": n, "m": n, "d": TOPK_D}
         torch.manual_seed(0)
         inputs = op.inputs(size, torch.device("cpu"), torch.float32, True)
-        step = _step(_scalar(op, op.impls["native"]()), inputs)
+        fn = op.impls["native"]()
+        # a loss: forward + backward; fast_rerank_topk (no gradient): its forward
+        step = _step(_scalar(op, fn), inputs) if "sim" in inputs else (lambda fn=fn, x=inputs: fn(**x))
         r = autorange(step, torch.device("cpu"), 0.05, args["samples"], min_samples=3, case_s=args["case_s"])
         out["times"][f"{name}/{n}"] = r["time"]
 print(json.dumps(out))
@@ -123,21 +128,23 @@ def run(args, device, save):
     for name in ops:
         for n in sizes:
             key = f"{name}/{n}"
-            counts = OPS[name].floor("forward+backward", {"n": n, "m": n}, 4) if OPS[name].floor else None
-            floor = counts["exp"] / rate if counts and counts.get("exp") else None
+            mode = "forward" if name == "fast_rerank_topk" else "forward+backward"
+            counts = OPS[name].floor(mode, {"n": n, "m": n, "d": TOPK_D}, 4) if OPS[name].floor else None
+            floor = (counts.get("exp", 0) / rate + counts.get("mm_flop", 0) / ceilings["matmul_flops_per_s"]
+                     if counts and (counts.get("exp") or counts.get("mm_flop")) else None)
             med = {col: statistics.median(t[key]["median_s"] for t in runs[col]) for col in runs}
             # the timing statistics of the best level's median round (the schema's "time")
             best_rounds = sorted((t[key] for t in runs[best]), key=lambda s: s["median_s"])
-            records.append({"op": name, "impl": "native", "status": "ok", "n": n, "mode": "forward+backward",
+            records.append({"op": name, "impl": "native", "status": "ok", "n": n, "mode": mode,
                             "threads": threads, "times_s": med, "time": best_rounds[len(best_rounds) // 2],
                             "rounds": {col: [t[key]["median_s"] for t in runs[col]] for col in runs},
-                            "exp_floor_s": floor, "best_level": best,
+                            "floor_s": floor, "best_level": best,
                             "best_over_native": med[best] / med["native"] if "native" in med else None,
                             "best_over_floor": med[best] / floor if floor else None})
     report = {"method": [f"one step = sim.grad = None; loss(sim, relevance).backward(), float32, both "
                          f"directions, mean; {threads} thread(s); each level in a process of its own "
                          f"(FASTRANK_CPU_ISA), median of {rounds} rounds' medians",
-                         "floor: the op's exponentials (benchmarks/ops.py) / the one-core exp rate x threads"],
+                         "floor: the op's exponentials (benchmarks/ops.py) / the one-core exp rate x threads, + its matmul flops / the matmul rate"],
               "compilers": compilers, "native_skipped": native_skipped, "table": table(records, list(runs))}
     print("\n".join(report["table"]))
     return payload("isa", device, {"quick": args.quick, "threads": threads, "ops": ops, "sizes": sizes},
@@ -146,16 +153,16 @@ def run(args, device, save):
 
 def table(records, columns) -> list:
     """The markdown table of the records (docs/benchmarks.md carries it)."""
-    head = ["op", "N"] + [f"{c} ms" for c in columns] + ["best / native", "exp floor ms", "best / floor"]
+    head = ["op", "N"] + [f"{c} ms" for c in columns] + ["best / native", "floor ms", "best / floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         cells = [r["op"], str(r["n"])] + [f"{r['times_s'][c] * 1e3:.3g}" for c in columns]
         cells.append(f"{r['best_over_native']:.2f}" if r["best_over_native"] else "-")
-        cells.append(f"{r['exp_floor_s'] * 1e3:.3g}" if r["exp_floor_s"] else "-")
+        cells.append(f"{r['floor_s'] * 1e3:.3g}" if r["floor_s"] else "-")
         cells.append(f"{r['best_over_floor']:.2f}" if r["best_over_floor"] else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 CASE = Case("isa", "every native op at each CPU instruction-set level and a -march=native build, one thread, "
-                   "N = 128 and 512, beside the exp floor", run, cpu_threads=1)
+                   "N = 128 and 512, beside the floor", run, cpu_threads=1)

@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 
 from torch import Tensor
 
-from .._native import acc_dtype
+from .. import _validation as V
+from .._native import acc_dtype, has_native
 from ._launch import call, cuda_kernels, kernel_input, mask_args, mat, module_for
 from ._native_op import Backward
 
@@ -73,3 +74,17 @@ def fake_forward(sim: Tensor, direction: int, reduction: int):
     acc = acc_dtype(sim.dtype)
     q, ws_numel = sizes(sim.shape[0], sim.shape[1], direction)
     return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc), sim.new_empty((ws_numel,), dtype=acc))
+
+
+def checked_inputs(sim: Tensor, positives, mask: Optional[Tensor], impl: str, loss: str, check_hyper, *hyper):
+    """The public functions' checks of the positives-based losses (Smooth-AP, Recall@k), in
+    docs/spec.md §1's order: each argument's structure, the hyper-parameters
+    (``check_hyper(*hyper)``), then sim's values. Returns (positives as the kernels read it,
+    the checked hyper-parameters, whether the native path runs)."""
+    V.check_sim(sim, values=False)
+    positives = V.check_positives(positives, sim)
+    V.check_mask(mask, sim)
+    hyper = check_hyper(*hyper)
+    impl = V.check_impl(impl)
+    V.check_data(sim, loss=loss)
+    return positives, hyper, has_native(sim.device, impl, loss)

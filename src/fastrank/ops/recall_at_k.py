@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import MAX_KS, acc_dtype, has_native
+from .._native import MAX_KS, acc_dtype
 from .._reduce import per_positive_query
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
@@ -129,13 +129,9 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
     float32): a scalar, or (Q,) for "none".
     """
-    V.check_sim(sim, values=False)
-    positives = V.check_positives(positives, sim)
-    V.check_mask(mask, sim)
-    ks, tau, tau_k, direction, reduction = _check_hyper(ks, tau, tau_k, direction, reduction)
-    impl = V.check_impl(impl)
-    V.check_data(sim, loss="recall_at_k_loss")
-    if has_native(sim.device, impl, "recall_at_k_loss"):
+    positives, (ks, tau, tau_k, direction, reduction), native = SR.checked_inputs(
+        sim, positives, mask, impl, "recall_at_k_loss", _check_hyper, ks, tau, tau_k, direction, reduction)
+    if native:
         return RECALL_AT_K(sim, positives, mask, [float(k) for k in ks], [float(t) for t in tau_k], tau,
                            DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)

@@ -16,7 +16,7 @@ from typing import Optional
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype, has_native
+from .._native import acc_dtype
 from .._reduce import per_positive_query
 from ..reference.smooth_ap import smooth_ap_per_query
 from . import _smooth_rank as SR
@@ -86,13 +86,9 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
     Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
     float32): a scalar, or (Q,) for "none".
     """
-    V.check_sim(sim, values=False)
-    positives = V.check_positives(positives, sim)
-    V.check_mask(mask, sim)
-    tau, direction, reduction = _check_hyper(tau, direction, reduction)
-    impl = V.check_impl(impl)
-    V.check_data(sim, loss="smooth_ap_loss")
-    if has_native(sim.device, impl, "smooth_ap_loss"):
+    positives, (tau, direction, reduction), native = SR.checked_inputs(
+        sim, positives, mask, impl, "smooth_ap_loss", _check_hyper, tau, direction, reduction)
+    if native:
         return SMOOTH_AP(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
     return _reference(sim, positives, tau, direction, reduction, mask)
 
