@@ -29,10 +29,21 @@ void recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cpu
 
 namespace cuda {
-struct RecallAtKForward : SmoothApForward {
+// smooth_ap's fields, then the ks: listed whole, not derived, so that the stream stays the
+// last field (the bindings take the fields in order and Python passes the stream last).
+struct RecallAtKForward {
+  Lists lists;
+  MatIn sim;
+  MaskIn pos, mask;
+  double tau;
+  bool with_grad;
+  void* out;
+  void* ws;
+  void* partials;
   const double* ks;  // n_k values each, host memory (copied into the kernel's arguments)
   const double* tk;
   int n_k;
+  void* stream;
 };
 int recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cuda
