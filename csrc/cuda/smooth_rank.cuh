@@ -271,7 +271,7 @@ subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const
 // The launchers take the entry point's struct (smooth_ap.h); these kernels keep their own
 // argument lists: taking the struct whole cost them registers (spills in the half-precision
 // forward under its 64-register budget; docs/cuda-resources.md). P: SmoothApForward or
-// RecallAtKForward (recall_at_k.h: the same fields, its ks before the stream).
+// RecallAtKForward (recall_at_k.h: the same fields and its ks).
 template <typename T, class Head, class P>
 int subset_forward(const Head& head, const P& p) {
   using A = acc_t<T>;

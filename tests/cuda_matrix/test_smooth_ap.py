@@ -136,4 +136,4 @@ def test_kernel_error_reaches_python(device):
     out, ws = torch.empty(()), torch.empty(20)
     with pytest.raises(RuntimeError, match="recall_at_k_forward"):
         mod.recall_at_k_forward(0, 2, 2, 3, 1, s.data_ptr(), 2, 1, p.data_ptr(), 2, 1, 0, 0, 0, 0.1, 1, out.data_ptr(),
-                                ws.data_ptr(), torch.empty(32).data_ptr(), [1.0] * 33, [1.0] * 33, 33, 0)
+                                ws.data_ptr(), [1.0] * 33, [1.0] * 33, 33, torch.empty(32).data_ptr(), 0)

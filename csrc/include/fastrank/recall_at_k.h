@@ -29,20 +29,12 @@ void recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cpu
 
 namespace cuda {
-// smooth_ap's fields, then the ks: listed whole, not derived, so that the stream stays the
-// last field (the bindings take the fields in order and Python passes the stream last).
-struct RecallAtKForward {
-  Lists lists;
-  MatIn sim;
-  MaskIn pos, mask;
-  double tau;
-  bool with_grad;
-  void* out;
-  void* ws;
+// The CPU forward's fields (ks: host memory, copied into the kernel's arguments), then
+// smooth_ap's CUDA ones: derived from the CPU struct, not from cuda::SmoothApForward, so
+// that the stream stays the last field (the bindings take the fields in declaration order
+// and Python passes the stream last).
+struct RecallAtKForward : cpu::RecallAtKForward {
   void* partials;
-  const double* ks;  // n_k values each, host memory (copied into the kernel's arguments)
-  const double* tk;
-  int n_k;
   void* stream;
 };
 int recall_at_k_forward(const RecallAtKForward& p);

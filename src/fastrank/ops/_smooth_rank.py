@@ -40,14 +40,15 @@ def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor],
     q, ws_numel = sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
-    # the fields of SmoothApForward / RecallAtKForward (smooth_ap.h, recall_at_k.h), in order
+    # the fields of SmoothApForward / RecallAtKForward (smooth_ap.h, recall_at_k.h), in order:
+    # the CPU struct's, then on CUDA the partial sums (and the stream, added by call)
     args = (n, m, direction, reduction, *mat(s), *mat(positives), *mask_args(mask), tau, int(with_grad),
-            out.data_ptr(), ws.data_ptr())
+            out.data_ptr(), ws.data_ptr(), *head_args)
     if cuda_kernels(s):
         part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc)
-        call(kernel, s, *args, part.data_ptr(), *head_args)
+        call(kernel, s, *args, part.data_ptr())
     else:
-        call(kernel, s, *args, *head_args)
+        call(kernel, s, *args)
     return out, ws
 
 
