@@ -270,9 +270,10 @@ subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const
 
 // The launchers take the entry point's struct (smooth_ap.h); these kernels keep their own
 // argument lists: taking the struct whole cost them registers (spills in the half-precision
-// forward under its 64-register budget; docs/cuda-resources.md).
-template <typename T, class Head>
-int subset_forward(const Head& head, const SmoothApForward& p) {
+// forward under its 64-register budget; docs/cuda-resources.md). P: SmoothApForward or
+// RecallAtKForward (recall_at_k.h: the same fields and its ks).
+template <typename T, class Head, class P>
+int subset_forward(const Head& head, const P& p) {
   using A = acc_t<T>;
   const int64_t n = p.lists.n, m = p.lists.m;
   const int direction = p.lists.direction, reduction = p.lists.reduction;

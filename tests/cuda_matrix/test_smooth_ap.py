@@ -135,5 +135,5 @@ def test_kernel_error_reaches_python(device):
     s, p = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool)
     out, ws = torch.empty(()), torch.empty(20)
     with pytest.raises(RuntimeError, match="recall_at_k_forward"):
-        mod.recall_at_k_forward(0, s.data_ptr(), 2, 1, p.data_ptr(), 2, 1, 0, 0, 0, 2, 2, [1.0] * 33, [1.0] * 33,
-                                3, 1, 1, 0.1, out.data_ptr(), ws.data_ptr(), torch.empty(32).data_ptr(), 0)
+        mod.recall_at_k_forward(0, 2, 2, 3, 1, s.data_ptr(), 2, 1, p.data_ptr(), 2, 1, 0, 0, 0, 0.1, 1, out.data_ptr(),
+                                ws.data_ptr(), [1.0] * 33, [1.0] * 33, 33, torch.empty(32).data_ptr(), 0)

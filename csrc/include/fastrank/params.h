@@ -2,8 +2,9 @@
 // codes and sizes the bindings export to Python.
 //
 // Each native kernel (the forward and the backward of each op, per backend) takes one
-// struct, declared in the op's header (smooth_ndcg.h, ...) from these pieces. A binding
-// fills it once from the Python arguments and passes it whole to the entry point; on CUDA
+// struct, declared in the op's header (smooth_ndcg.h, ...) from these pieces. The binder
+// (csrc/bindings/fill.h) fills it from the Python values in field declaration order and
+// passes it whole to the entry point; on CUDA
 // the entry point passes it whole to its kernels (as flash-attention passes its
 // Flash_fwd_params). A backend's struct holds what that backend reads, nothing more.
 // Plain aggregates: trivially copyable, so a CUDA kernel can take them by value.

@@ -29,10 +29,13 @@ void recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cpu
 
 namespace cuda {
-struct RecallAtKForward : SmoothApForward {
-  const double* ks;  // n_k values each, host memory (copied into the kernel's arguments)
-  const double* tk;
-  int n_k;
+// The CPU forward's fields (ks: host memory, copied into the kernel's arguments), then
+// smooth_ap's CUDA ones: derived from the CPU struct, not from cuda::SmoothApForward, so
+// that the stream stays the last field (the bindings take the fields in declaration order
+// and Python passes the stream last).
+struct RecallAtKForward : cpu::RecallAtKForward {
+  void* partials;
+  void* stream;
 };
 int recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cuda

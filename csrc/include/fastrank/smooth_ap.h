@@ -48,14 +48,7 @@ namespace cuda {
 // Entry points return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
 // `partials`: smooth_rank_partials_numel(n, m, direction) accumulation-type elements, used
 // by the forward only (the ranks and coefficients of the positives).
-struct SmoothApForward {
-  Lists lists;
-  MatIn sim;
-  MaskIn pos, mask;
-  double tau;
-  bool with_grad;
-  void* out;
-  void* ws;
+struct SmoothApForward : cpu::SmoothApForward {  // the CPU forward's fields, then
   void* partials;
   void* stream;
 };

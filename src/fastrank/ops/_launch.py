@@ -1,7 +1,9 @@
 """Calling a native kernel: the one place where an op's tensors become a kernel call.
 
-The extension modules take raw pointers (``data_ptr()``), sizes, element strides, the dtype
-code first and, for CUDA, the current stream last. Every op calls its kernels through
+The extension modules take the fields of a kernel's parameter struct (csrc/include/fastrank/
+<op>.h) as positional values in declaration order (csrc/bindings/fill.h): raw pointers
+(``data_ptr()``), sizes, element strides, hyper-parameters, the dtype code first and, for
+CUDA, the current stream last. Every op calls its kernels through
 ``call(name, x, *args)``, which picks the module for x's device (``fastrank._C_cpu`` or
 ``fastrank._C_cuda``; under ``fastrank._native.emulate_cuda``, the emulated CUDA module for
 CPU tensors) and adds the dtype code and the stream. ``cuda_kernels(x)`` tells an op which

@@ -33,15 +33,18 @@ def sizes(n: int, m: int, direction: int):
 def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head_args: Sequence,
             tau: float, direction: int, reduction: int, with_grad: bool = True):
     """(loss, ws) of the forward kernel ``kernel`` (smooth_ap_forward, recall_at_k_forward):
-    loss is () for mean/sum, (Q,) for none, in the accumulation dtype."""
+    loss is () for mean/sum, (Q,) for none, in the accumulation dtype. head_args: the head's
+    own fields, after smooth_ap's (recall_at_k: ks, tau_k, their count)."""
     s = kernel_input(sim)
     acc = acc_dtype(s.dtype)
     n, m = s.shape
     q, ws_numel = sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
-    args = (*mat(s), *mat(positives), *mask_args(mask), n, m, *head_args, direction, reduction, int(with_grad),
-            tau, out.data_ptr(), ws.data_ptr())
+    # the fields of SmoothApForward / RecallAtKForward (smooth_ap.h, recall_at_k.h), in order:
+    # the CPU struct's, then on CUDA the partial sums (and the stream, added by call)
+    args = (n, m, direction, reduction, *mat(s), *mat(positives), *mask_args(mask), tau, int(with_grad),
+            out.data_ptr(), ws.data_ptr(), *head_args)
     if cuda_kernels(s):
         part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc)
         call(kernel, s, *args, part.data_ptr())
@@ -59,8 +62,9 @@ def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, 
     gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
     n, m = s.shape
     grad = s.new_empty((n, m))
-    call("smooth_rank_backward", s, *mask_args(mask), n, m, direction, reduction, grad_out.data_ptr(), gs,
-         ws.data_ptr(), grad.data_ptr())
+    # the CUDA backward reads no mask (masked entries of G are 0)
+    call("smooth_rank_backward", s, n, m, direction, reduction, *(() if cuda_kernels(s) else mask_args(mask)),
+         grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
 
 

@@ -77,7 +77,7 @@ def _forward(sim: Tensor, g1: float, g2: float, l1: float, l2: float):
     stats = torch.empty((m + n,), dtype=acc, device=x.device)
     ws = _workspace(x, n, m, acc)  # held in a variable: it must outlive the call
     sp = stats.data_ptr()
-    ok = _run("fast_rerank_forward", x, x.data_ptr(), x.stride(0), x.stride(1), n, m, g1, g2, l1, l2,
+    ok = _run("fast_rerank_forward", x, n, m, *mat(x), g1, g2, l1, l2,
               _ptr(ws), sp, sp + m * (8 if acc == torch.float64 else 4), i2t.data_ptr(), t2i.data_ptr())
     if x is not sim:  # CPU half precision
         i2t, t2i = i2t.to(sim.dtype), t2i.to(sim.dtype)
@@ -105,7 +105,7 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
     grad = torch.empty((n, m), dtype=x.dtype, device=x.device)
     ws = _workspace(x, n, m, stats.dtype)
     sp = stats.data_ptr()
-    _run("fast_rerank_backward", x, x.data_ptr(), x.stride(0), x.stride(1), n, m, p1, s1r, s1c, p2, s2r, s2c,
+    _run("fast_rerank_backward", x, n, m, *mat(x), p1, s1r, s1c, p2, s2r, s2c,
          sp, sp + m * stats.element_size(), g1, g2, l1, l2, _ptr(ws), grad.data_ptr())
     del k1, k2, ws
     return grad if x is sim else grad.to(sim.dtype)
@@ -159,7 +159,7 @@ def fast_rerank_lse(sim: Tensor, gamma1: float, lam1: float) -> tuple[Tensor, Te
     col_lse = x.new_empty((m,), dtype=acc)
     row_lse = x.new_empty((n,), dtype=acc)
     ws = _workspace(x, n, m, acc)
-    _run("fast_rerank_lse", x, *mat(x), n, m, float(gamma1), float(lam1), _ptr(ws), col_lse.data_ptr(),
+    _run("fast_rerank_lse", x, n, m, *mat(x), float(gamma1), float(lam1), _ptr(ws), col_lse.data_ptr(),
          row_lse.data_ptr())
     return col_lse, row_lse
 

@@ -49,8 +49,8 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: floa
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
     aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
-    call("kendall_forward", sim, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance), *mask_args(mask), n, m,
-         alpha, direction, reduction, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
+    call("kendall_forward", sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance),
+         *mask_args(mask), alpha, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
     return loss, dsim, aux
 
 
@@ -60,7 +60,7 @@ def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim: Tensor, directi
     n, m = dsim.shape[1], dsim.shape[2]
     go = grad_loss.to(dsim.dtype).contiguous()
     grad = torch.empty((n, m), dtype=sim.dtype, device=dsim.device)
-    call("kendall_backward", grad, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(), n, m, direction, reduction,
+    call("kendall_backward", grad, n, m, direction, reduction, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(),
          grad.data_ptr())
     return grad
 

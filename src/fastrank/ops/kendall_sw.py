@@ -44,8 +44,8 @@ def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: floa
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
     aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
-    call("kendall_sw_forward", sim, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance), n, m, alpha, beta, hi,
-         n_w, direction, reduction, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
+    call("kendall_sw_forward", sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim),
+         *mat(relevance), alpha, beta, hi, n_w, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
     return loss, idx, aux
 
 
@@ -54,8 +54,8 @@ def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, directio
     n, m = sim.shape
     go = grad_loss.to(aux.dtype).contiguous()
     grad = torch.empty((n, m), dtype=sim.dtype, device=sim.device)
-    call("kendall_sw_backward", sim, *mat(sim), idx.data_ptr(), idx.shape[1], aux.data_ptr(), go.data_ptr(), n, m,
-         direction, reduction, grad.data_ptr())
+    call("kendall_sw_backward", sim, n, m, direction, reduction, *mat(sim), idx.data_ptr(), idx.shape[1],
+         aux.data_ptr(), go.data_ptr(), grad.data_ptr())
     return grad
 
 

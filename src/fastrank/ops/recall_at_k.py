@@ -67,7 +67,8 @@ def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[fl
              tau: float, direction: int, reduction: int, with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
     (accumulation dtype) is what the backward needs."""
-    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k), tau, direction, reduction, with_grad)
+    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k, len(ks)), tau, direction, reduction,
+                      with_grad)
 
 
 def _fake_forward(sim, positives, mask, ks, tau_k, tau, direction, reduction):

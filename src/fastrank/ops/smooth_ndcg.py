@@ -42,13 +42,14 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float,
     q, ws_numel = _sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
-    args = (*mat(s), *mat(r), *mask_args(mask), n, m, direction, reduction, int(with_grad), tau, out.data_ptr(),
-            ws.data_ptr())
+    # the fields of the backend's SmoothNdcgForward (smooth_ndcg.h), in order
     if cuda:
         part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc)
-        call("smooth_ndcg_forward", s, DTYPE_CODE[r.dtype], *args, part.data_ptr())
+        call("smooth_ndcg_forward", s, n, m, direction, reduction, DTYPE_CODE[r.dtype], *mat(s), *mat(r),
+             *mask_args(mask), tau, out.data_ptr(), ws.data_ptr(), part.data_ptr())
     else:
-        call("smooth_ndcg_forward", s, *args)
+        call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *mat(r), *mask_args(mask), tau,
+             int(with_grad), out.data_ptr(), ws.data_ptr())
     return out, ws
 
 
@@ -60,8 +61,9 @@ def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor,
     gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
     n, m = s.shape
     grad = s.new_empty((n, m))
-    call("smooth_ndcg_backward", s, *mat(s), *mask_args(mask), n, m, direction, reduction, tau,
-         grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
+    # the CUDA backward runs the pair pass over sim; the CPU one is elementwise over ws
+    call("smooth_ndcg_backward", s, n, m, direction, reduction, *(mat(s) if cuda_kernels(s) else ()),
+         *mask_args(mask), tau, grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
 
 
