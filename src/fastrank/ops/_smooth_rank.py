@@ -53,19 +53,28 @@ def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor],
     return out, ws
 
 
-def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
-             reduction: int) -> Tensor:
-    """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
+def backward_call(kernel: str, grad_out: Tensor, sim: Tensor, ws: Tensor, direction: int, reduction: int,
+                  middle) -> Tensor:
+    """The backward of a smooth-rank head (``kernel``: smooth_rank_backward, smooth_ndcg_backward):
+    grad_out in ws's dtype (any stride: an expanded gradient is fine), the gradient allocated
+    (n, m) in sim's kernel dtype and cast back to sim's dtype. ``middle(s)``: the head's own
+    fields between the list arguments and grad_out (s = sim as its kernels read it)."""
     s = kernel_input(sim)
     if grad_out.dtype != ws.dtype:
         grad_out = grad_out.to(ws.dtype)
-    gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
+    gs = grad_out.stride(0) if grad_out.dim() else 0
     n, m = s.shape
     grad = s.new_empty((n, m))
-    # the CUDA backward reads no mask (masked entries of G are 0)
-    call("smooth_rank_backward", s, n, m, direction, reduction, *(() if cuda_kernels(s) else mask_args(mask)),
-         grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
+    call(kernel, s, n, m, direction, reduction, *middle(s), grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
     return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
+
+
+def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
+             reduction: int) -> Tensor:
+    """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
+    # the CUDA backward reads no mask (masked entries of G are 0)
+    return backward_call("smooth_rank_backward", grad_out, sim, ws, direction, reduction,
+                         lambda s: () if cuda_kernels(s) else mask_args(mask))
 
 
 # fastrank::smooth_rank_backward: the backward of fastrank::smooth_ap and fastrank::recall_at_k

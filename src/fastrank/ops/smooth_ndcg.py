@@ -55,16 +55,9 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float,
 
 def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
               direction: int, reduction: int) -> Tensor:
-    s = kernel_input(sim)
-    if grad_out.dtype != ws.dtype:
-        grad_out = grad_out.to(ws.dtype)
-    gs = grad_out.stride(0) if grad_out.dim() else 0  # strided (e.g. expanded) grads are fine
-    n, m = s.shape
-    grad = s.new_empty((n, m))
     # the CUDA backward runs the pair pass over sim; the CPU one is elementwise over ws
-    call("smooth_ndcg_backward", s, n, m, direction, reduction, *(mat(s) if cuda_kernels(s) else ()),
-         *mask_args(mask), tau, grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
-    return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
+    return _smooth_rank.backward_call("smooth_ndcg_backward", grad_out, sim, ws, direction, reduction,
+                                      lambda s: (*(mat(s) if cuda_kernels(s) else ()), *mask_args(mask), tau))
 
 
 def _fake_forward(sim, relevance, mask, tau, direction, reduction):
