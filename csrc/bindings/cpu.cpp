@@ -15,14 +15,9 @@
 #include <cstdint>
 
 #include "constants.h"
+#include "entry_points.h"
 #include "fill.h"
 
-#include "fastrank/kendall.h"
-#include "fastrank/kendall_sw.h"
-#include "fastrank/fast_rerank.h"
-#include "fastrank/recall_at_k.h"
-#include "fastrank/smooth_ap.h"
-#include "fastrank/smooth_ndcg.h"
 
 
 #ifdef _OPENMP
@@ -49,17 +44,8 @@ void fastrank::register_kernels(py::module_& m) {
   fastrank::bindings::export_constants(m);
 
   namespace k = fastrank::cpu;
-  bind<k::SmoothNdcgForward>(m, "smooth_ndcg_forward", &k::smooth_ndcg_forward);
-  bind<k::SmoothNdcgBackward>(m, "smooth_ndcg_backward", &k::smooth_ndcg_backward);
-  bind<k::SmoothApForward>(m, "smooth_ap_forward", &k::smooth_ap_forward);
-  bind<k::RecallAtKForward>(m, "recall_at_k_forward", &k::recall_at_k_forward);
-  bind<k::SmoothRankBackward>(m, "smooth_rank_backward", &k::smooth_rank_backward);
-  bind<k::KendallForward>(m, "kendall_forward", &k::kendall_forward);
-  bind<k::KendallBackward>(m, "kendall_backward", &k::kendall_backward);
-  bind<k::KendallSwForward>(m, "kendall_sw_forward", &k::kendall_sw_forward);
-  bind<k::KendallSwBackward>(m, "kendall_sw_backward", &k::kendall_sw_backward);
   m.def("fast_rerank_workspace", &k::fast_rerank_workspace);
-  bind<k::FastRerankLse>(m, "fast_rerank_lse", &k::fast_rerank_lse);
-  bind<k::FastRerankForward>(m, "fast_rerank_forward", &k::fast_rerank_forward);
-  bind<k::FastRerankBackward>(m, "fast_rerank_backward", &k::fast_rerank_backward);
+#define FASTRANK_BACKEND k
+  FASTRANK_ENTRY_POINTS(FASTRANK_BIND_ENTRY)
+#undef FASTRANK_BACKEND
 }
