@@ -51,6 +51,7 @@ if args["module"]:   # the -march=native build, in place of the installed CPU mo
 sys.path.insert(0, args["root"])
 import fastrank
 from benchmarks.ops import OPS, TOPK_D
+from benchmarks.cases.isa import step_mode
 from benchmarks.cases.percall import _scalar, _step
 from benchmarks.timing import autorange
 torch.set_num_threads(args["threads"])
@@ -62,12 +63,20 @@ for name in args["ops"]:
         torch.manual_seed(0)
         inputs = op.inputs(size, torch.device("cpu"), torch.float32, True)
         fn = op.impls["native"]()
-        # a loss: forward + backward; fast_rerank_topk (no gradient): its forward
-        step = _step(_scalar(op, fn), inputs) if "sim" in inputs else (lambda fn=fn, x=inputs: fn(**x))
+        if step_mode(op) == "forward+backward":
+            step = _step(_scalar(op, fn), inputs)
+        else:
+            step = lambda fn=fn, x=inputs: fn(**x)
         r = autorange(step, torch.device("cpu"), 0.05, args["samples"], min_samples=3, case_s=args["case_s"])
         out["times"][f"{name}/{n}"] = r["time"]
 print(json.dumps(out))
 """
+
+
+def step_mode(op) -> str:
+    """What one step times: forward + backward, or the forward of an op without a gradient
+    (fast_rerank_topk: its Op's only mode)."""
+    return "forward+backward" if "forward+backward" in op.modes else "forward"
 
 
 def build_native(tmp: Path) -> Path:
@@ -128,7 +137,7 @@ def run(args, device, save):
     for name in ops:
         for n in sizes:
             key = f"{name}/{n}"
-            mode = "forward" if name == "fast_rerank_topk" else "forward+backward"
+            mode = step_mode(OPS[name])
             counts = OPS[name].floor(mode, {"n": n, "m": n, "d": TOPK_D}, 4) if OPS[name].floor else None
             floor = (counts.get("exp", 0) / rate + counts.get("mm_flop", 0) / ceilings["matmul_flops_per_s"]
                      if counts and (counts.get("exp") or counts.get("mm_flop")) else None)
@@ -142,7 +151,8 @@ def run(args, device, save):
                             "best_over_native": med[best] / med["native"] if "native" in med else None,
                             "best_over_floor": med[best] / floor if floor else None})
     report = {"method": [f"one step = sim.grad = None; loss(sim, relevance).backward(), float32, both "
-                         f"directions, mean; {threads} thread(s); each level in a process of its own "
+                         f"directions, mean (an op without a gradient: its forward); {threads} thread(s); each level in a "
+                         f"process of its own "
                          f"(FASTRANK_CPU_ISA), median of {rounds} rounds' medians",
                          "floor: the op's exponentials (benchmarks/ops.py) / the one-core exp rate x threads, + its matmul flops / the matmul rate"],
               "compilers": compilers, "native_skipped": native_skipped, "table": table(records, list(runs))}

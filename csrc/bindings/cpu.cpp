@@ -18,14 +18,11 @@
 #include "entry_points.h"
 #include "fill.h"
 
-
-
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace py = pybind11;
-using fastrank::bindings::bind;
 
 namespace fastrank {
 void register_kernels(py::module_& m);  // this level's functions into m

@@ -20,7 +20,6 @@
 #include "fastrank/runtime.h"
 
 namespace py = pybind11;
-using fastrank::bindings::bind;
 
 static void check(int code, const char* what) {
   if (code != 0)

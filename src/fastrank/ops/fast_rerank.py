@@ -78,7 +78,7 @@ def _forward(sim: Tensor, g1: float, g2: float, l1: float, l2: float):
     ws = _workspace(x, n, m, acc)  # held in a variable: it must outlive the call
     sp = stats.data_ptr()
     ok = _run("fast_rerank_forward", x, n, m, *mat(x), g1, g2, l1, l2,
-              _ptr(ws), sp, sp + m * (8 if acc == torch.float64 else 4), i2t.data_ptr(), t2i.data_ptr())
+              _ptr(ws), sp, sp + m * stats.element_size(), i2t.data_ptr(), t2i.data_ptr())
     if x is not sim:  # CPU half precision
         i2t, t2i = i2t.to(sim.dtype), t2i.to(sim.dtype)
     return i2t, t2i, stats, ok
