@@ -4,14 +4,18 @@
 #   2. build and install fastrank with its CUDA kernels (pip install --no-build-isolation .,
 #      sm_90 only unless FASTRANK_CUDA_ARCHS says otherwise), at most GPU_CHECK_BUILD_S (300) s;
 #   3. python -m fastrank info;
-#   4. the CUDA tests first (pytest -k cuda), at most GPU_CHECK_TESTS_S (default 180) s;
+#   4. the CUDA tests first (pytest -k cuda, less the CPU-side emulator and ptxas checks that CI
+#      runs anyway), at most GPU_CHECK_TESTS_S (default 180) s;
 #   5. the floors and per-call cases (python -m benchmarks floors percall --device cuda: the
 #      GPU's copy, exp, FMA and matmul rates; one forward+backward call at N = 4 .. 512, native /
 #      trivial / reference / CUDA graph, then torch.compile with the time left), at most
 #      GPU_CHECK_PERCALL_S (default 100) s;
 #   6. the slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
 #      (default 60) s;
-#   7. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
+#   7. the smooth-rank engine in float32 and bfloat16 (python -m benchmarks sweep --impls native
+#      --ops smooth_ap,smooth_ap_classes,recall_at_k, once per dtype), at most GPU_CHECK_DTYPE_S
+#      (default 40) s each;
+#   8. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
 #      breadth-first, every op at its small sizes, then medium, then large, so that the time
 #      limit cuts the largest sizes and never a whole op; with the time that is left.
 # Every step is time-limited so that the script ends before GPU_CHECK_BUDGET_S (default 540 s
@@ -87,6 +91,7 @@ step "4. CUDA tests (first)"
 T=$(clamp $(( $(left) - 150 )) "$TESTS_S" 30)
 echo "time limit: $T s"
 timeout "$T" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests" -k cuda -rs \
+  --ignore="$ROOT/tests/test_emulated.py" --ignore="$ROOT/tests/test_cuda_resources.py" \
   --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"
 RC=${PIPESTATUS[0]}
 [ "$RC" -eq 124 ] && echo "!!! CUDA tests cut after $T s"
@@ -106,13 +111,23 @@ timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" 
   2>&1 | tee "$OUT/slate.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail 6 "slate case (see slate.log)"
 
-step "7. size sweep (breadth-first)"
+step "7. smooth-rank engine: float32 and bfloat16"
+D=$(clamp $(( ($(left) - 90) / 4 )) "${GPU_CHECK_DTYPE_S:-40}" 15)
+for dt in float32 bfloat16; do
+  echo "$dt: time limit $D s (+20 s)"
+  timeout $(( D + 20 )) "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit "$D" \
+    --ops smooth_ap,smooth_ap_classes,recall_at_k --impls native --modes forward+backward --dtype "$dt" \
+    --tag "engine-$dt" --order breadth 2>&1 | tee "$OUT/engine-$dt.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail 7 "smooth-rank $dt sweep (see engine-$dt.log)"
+done
+
+step "8. size sweep (breadth-first)"
 LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
 [ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep time limit: $LEFT s"
 timeout $(( LEFT + 55 )) "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
   --order breadth 2>&1 | tee "$OUT/benchmarks.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 7 "size sweep (see benchmarks.log)"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 8 "size sweep (see benchmarks.log)"
 
 step "done in $((SECONDS - START)) s (budget $BUDGET s); files in $OUT"
 ls -la "$OUT"
