@@ -404,3 +404,28 @@ def test_every_op_of_the_table_is_benchmarked(bench):
     measured = {op.requires or op.name for op in bops.OPS.values()}
     native = {row.functional.__name__ for row in LOSSES.values() if row.contract is not None}
     assert native <= measured, f"native ops without a benchmark entry: {sorted(native - measured)}"
+
+
+def test_sweep_saves_after_every_record(bench, tmp_path):
+    """A sweep cut from outside (gpu_check.sh's timeout) keeps every cell it measured: the
+    case saves an incomplete result after each record, then the complete one."""
+    import torch
+    from benchmarks import cli
+    args = cli.parser(list(bench.cases.CASES)).parse_args(
+        ["sweep", "--quick", "--device", "cpu", "--no-floors", "--ops", "kendall", "--modes", "forward",
+         "--impls", "reference", "--out", str(tmp_path)])
+    saved = []
+    final = bench.cases.CASES["sweep"].run(args, torch.device("cpu"),
+                                           lambda p: saved.append((len(p["results"]), p["complete"])))
+    assert saved == [(k, False) for k in range(1, len(final["results"]) + 1)]
+    assert final["complete"] is True
+
+
+def test_percall_plan_keeps_the_sizes_between_min_n_and_max_n(bench):
+    from benchmarks.cases import percall
+    ops = [bench.ops.OPS["kendall"], bench.ops.OPS["smooth_ndcg"]]
+    cells = percall.plan(ops, ["native", "compiled"], False, max_n=128, min_n=128)
+    assert [(op.name, impl, size["n"]) for op, impl, size in cells] == [
+        ("kendall", "native", 128), ("smooth_ndcg", "native", 128),
+        ("kendall", "compiled", 128), ("smooth_ndcg", "compiled", 128)]
+    assert {size["n"] for _, _, size in percall.plan(ops, ["native"], False, min_n=8)} == {8, 128, 512}

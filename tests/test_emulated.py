@@ -90,6 +90,14 @@ def test_every_matrix_file_belongs_to_an_op_of_the_table():
     assert sorted(MATRIX_FILES) == sorted(p.name for p in MATRIX.glob("test_*.py"))
 
 
+def test_matrix_modules_do_not_shadow_the_other_tests():
+    """On a GPU, tests/cuda_matrix is collected in the same session as tests/ (conftest.py),
+    where pytest imports both folders' test files by their bare module names: a shared name is a
+    collection error ("import file mismatch") that stops every test."""
+    top = {p.stem for p in HERE.glob("*.py")} - {"conftest"}   # pytest keeps each conftest apart
+    assert sorted(p.stem for p in MATRIX.glob("*.py") if p.stem in top) == []
+
+
 def test_cuda_matrix(emulated_module):
     with ThreadPoolExecutor(len(MATRIX_GROUPS)) as pool:
         results = list(pool.map(lambda g: _run_matrix(emulated_module, g), MATRIX_GROUPS))
@@ -220,21 +228,21 @@ MUTATIONS = {
                         "      });\n      const int len = nc - c0 < kChunk ? "
                         "static_cast<int>(nc - c0) : kChunk;\n      for (int cc = 0; cc < len; ++cc) {\n"
                         "        const int64_t c = c0 + cc;",
-                        "test_smooth_ndcg.py", "values_and_gradients"),
+                        "test_matrix_smooth_ndcg.py", "values_and_gradients"),
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",
-                         "test_kendall.py", "values_and_gradients"),
+                         "test_matrix_kendall.py", "values_and_gradients"),
     # a wrong shuffle offset: warp sums (fast_rerank's row sums, the positives' ranks) stop at
     # half warps
     "wrong shuffle offset": ("include/fastrank/common.h",
                              "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
-                             "test_fast_rerank.py", "values_and_gradients"),
+                             "test_matrix_fast_rerank.py", "values_and_gradients"),
     # a wrong stride: the backward stages sim through swapped strides
     "wrong stride": ("cuda/smooth_ndcg.cu",
                      "sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);\n        sh_a",
                      "sh_s[slot][cc] = ok ? load(sim[ii * ss1 + jj * ss0]) : A(0);\n        sh_a",
-                     "test_smooth_ndcg.py", "values_and_gradients"),
+                     "test_matrix_smooth_ndcg.py", "values_and_gradients"),
 }
 
 

@@ -9,6 +9,7 @@ import torch
 
 import fastrank
 
+import _cuda_checks
 from _rank_oracles import oracle, rand_case, rand_mask, recall_at_k_query, sig
 
 NATIVE_CPU = fastrank.backends()["cpu"]
@@ -369,3 +370,20 @@ def test_cuda_matches_reference(n, m):
             r = both_impls(sim, pos, (1, 2, 4), 0.05, (1.0, 2.0, 4.0), direction, reduction, mask, device="cuda")
             torch.testing.assert_close(r["native"][0], r["reference"][0], rtol=1e-9, atol=1e-11)
             torch.testing.assert_close(r["native"][1], r["reference"][1], rtol=1e-9, atol=1e-11)
+
+
+@needs_cuda_kernel
+@pytest.mark.cuda
+def test_cuda_graph_capture_equals_eager():
+    sim, pos = rand_case(40, 56, seed=36, p_pos=0.2)
+    sim, pos = sim.float().cuda(), pos.cuda()
+
+    def fn(s, p):
+        return fastrank.recall_at_k_loss(s, p, 0.05)
+
+    loss, grad = _cuda_checks.graph_replay(fn, sim, pos)
+    s = sim.clone().requires_grad_(True)
+    eager = fn(s, pos)
+    eager.backward()
+    torch.testing.assert_close(loss, eager.detach())
+    torch.testing.assert_close(grad, s.grad)
