@@ -48,6 +48,7 @@ def parser(case_names) -> argparse.ArgumentParser:
     g.add_argument("--ops", type=_csv, default=None, help="sweep, percall: comma-separated ops (ops.py)")
     g.add_argument("--impls", type=_csv, default=None, help="comma-separated implementations / columns")
     g.add_argument("--max-n", type=int, default=None, help="only the sizes with N <= this")
+    g.add_argument("--min-n", type=int, default=None, help="only the sizes with N >= this")
     g.add_argument("--no-plots", action="store_true")
     g = p.add_argument_group("sweep")
     g.add_argument("--modes", type=_csv, default=None, help="forward+backward, forward, backward")

@@ -10,7 +10,12 @@
 #      GPU's copy, exp, FMA and matmul rates; one forward+backward call at N = 4 .. 512, native /
 #      trivial / reference / CUDA graph, then torch.compile with the time left), at most
 #      GPU_CHECK_PERCALL_S (default 100) s;
-#   6. the slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
+#      then the same at N = 128 alone for smooth_ndcg, kendall and kendall_sw against
+#      torch.compile (their per-call targets), at most GPU_CHECK_COMPILED_S (default 90) s;
+#   6. kernel profiles: Nsight Compute (ncu, when present) over one call of the ops furthest
+#      from their floors (benchmarks/profile_call.py; speed of light, memory workload,
+#      occupancy), one CSV each, at most GPU_CHECK_PROFILE_S (default 120) s in all; then the
+#      slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
 #      (default 60) s;
 #   7. the smooth-rank engine in float32 and bfloat16 (python -m benchmarks sweep --impls native
 #      --ops smooth_ap,smooth_ap_classes,recall_at_k, once per dtype), at most GPU_CHECK_DTYPE_S
@@ -25,6 +30,8 @@
 # The result files (cuda-<date>-<case>.json, .md, .png) are in the one layout: copy them to
 # benchmarks/results/ to publish them (python -m benchmarks report then draws the README tables).
 # Needs: python with a CUDA build of torch, nvcc, cmake, ninja (optional), setuptools, pybind11.
+# On a machine whose python is python3 and that returns few files (the device tool: 8 at most):
+#   PYTHON=python3 PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh /tmp/gc; tar czf "$OUT/gc.tgz" -C /tmp gc
 # Exit status: 0 when every step passed; otherwise the number of the first failed step
 # (the step numbers above); after a failure from step 2 on, later steps still run where they can, so the folder holds as much
 # as possible.
@@ -104,7 +111,36 @@ timeout $(( P + 30 )) "$PY" "$ROOT/benchmarks" floors percall --device cuda --ou
   --samples 15 2>&1 | tee "$OUT/percall.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "floors / per-call case (see percall.log)"
 
-step "6. slate case"
+step "5b. per call against torch.compile at N = 128"
+P=$(clamp $(( ($(left) - 150) / 3 )) "${GPU_CHECK_COMPILED_S:-90}" 20)
+echo "time limit: $P s (+40 s for a compilation in flight)"
+timeout $(( P + 40 )) "$PY" "$ROOT/benchmarks" percall --device cuda --out "$OUT" --time-limit "$P" \
+  --ops smooth_ndcg,kendall,kendall_sw --impls native,compiled,cuda_graph --min-n 128 --max-n 128 \
+  --samples 15 --tag compiled-128 2>&1 | tee "$OUT/percall-compiled.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "per-call case against torch.compile (see percall-compiled.log)"
+
+step "6a. kernel profiles (ncu)"
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+PROF_END=$(( SECONDS + $(clamp $(( ($(left) - 120) / 2 )) "${GPU_CHECK_PROFILE_S:-120}" 20) ))
+if [ -z "$NCU" ]; then
+  echo "ncu not found: no kernel profiles"
+else
+  # op N direction dtype: the smooth-rank engine per direction (is the strided t2i walk the
+  # cost?), smooth-NDCG's kernels at a small and a large N, Kendall's
+  for spec in "smooth_ap 4096 i2t float32" "smooth_ap 4096 t2i float32" "smooth_ap 4096 t2i bfloat16" \
+              "smooth_ndcg 512 i2t float32" "smooth_ndcg 2048 i2t float32" "kendall 1024 i2t float32"; do
+    T=$(( PROF_END - SECONDS ))
+    [ "$T" -lt 10 ] && { echo "profile time used up before: $spec"; break; }
+    set -- $spec
+    echo "ncu: $spec (at most $T s)"
+    timeout "$T" "$NCU" --profile-from-start off --clock-control none --csv --page details \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      "$PY" "$ROOT/benchmarks/profile_call.py" "$1" "$2" --direction "$3" --dtype "$4" \
+      > "$OUT/ncu-$1-$2-$3-$4.csv" 2> "$OUT/ncu-$1-$2-$3-$4.log" || echo "!!! ncu $spec: exit $? (see its .log)"
+  done
+fi
+
+step "6b. slate case"
 S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
 echo "time limit: $S s (+20 s)"
 timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \

@@ -326,10 +326,13 @@ def case_order(prepared, modes, sizes_of, order: str = "depth"):
 
 
 def bench_ops(specs: list, impls, modes, cfg: Config, sizes_of, log=print,
-              order: str = "depth", skip: Optional[Dict[str, str]] = None) -> List[dict]:
+              order: str = "depth", skip: Optional[Dict[str, str]] = None,
+              on_record=None) -> List[dict]:
     """Every (op, impl, mode, size), in ``order`` (see case_order); sizes_of(spec) -> the
     sizes to run; ``skip``: impl -> why it is not run (recorded as skipped). A compiled
-    implementation whose first call fails is not retried at larger sizes."""
+    implementation whose first call fails is not retried at larger sizes. ``on_record``:
+    called with the records so far after each one (a case saves them, so that a run cut
+    from outside keeps what it measured)."""
     records: List[dict] = []
     history = History()
     prepared = [(spec, make_impls(spec, impls, cfg, skip)) for spec in specs]
@@ -338,6 +341,8 @@ def bench_ops(specs: list, impls, modes, cfg: Config, sizes_of, log=print,
             rec = run_case(spec, impl, fn, mode, size, cfg, history)
             records.append(rec)
             log(_line(rec))
+            if on_record is not None:
+                on_record(records)
             if impl == "compiled" and rec["status"] == "error":
                 fns[impl] = "torch.compile failed: " + rec["reason"][:200]
     return records

@@ -207,11 +207,12 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
     return rec
 
 
-def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None):
+def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None, min_n: Optional[int] = None):
     """(op, impl, size): breadth-first (every op's smallest size first), the cheap columns
     of every size before any torch.compile (a time limit cuts compilations first)."""
     sizes = {op.name: [s for s in (op.percall_quick_sizes if quick else op.percall_sizes)
-                       if max_n is None or op.x_of(s) <= max_n] for op in ops}
+                       if (max_n is None or op.x_of(s) <= max_n) and (min_n is None or op.x_of(s) >= min_n)]
+             for op in ops}
     rounds = max((len(v) for v in sizes.values()), default=0)
     out = []
     for phase in (("native", "trivial", "cuda_graph", "reference"), ("compiled",)):
@@ -245,7 +246,7 @@ def run(args, device, save):
         raise SystemExit(f"percall: unknown column(s) {bad}; choose from {', '.join(COLUMNS)}")
     if device.type != "cuda":
         columns = [c for c in columns if c != "cuda_graph"]
-    else:
+    elif device.index is not None:      # "cuda" alone is the current device already
         torch.cuda.set_device(device)   # events, streams and graphs on this device
     dtype = getattr(torch, args.dtype)
     st = Settings(mem_fraction=args.mem_fraction)
@@ -259,7 +260,7 @@ def run(args, device, save):
         st.deadline = time.monotonic() + args.time_limit
         compiled.longest_compile_s = min(30.0, 0.2 * args.time_limit)   # a guess, before one is measured
     run_columns = [c for c in columns if not (args.quick and c == "compiled")]
-    cases = plan(ops, run_columns, args.quick, args.max_n)
+    cases = plan(ops, run_columns, args.quick, args.max_n, args.min_n)
 
     machine = machine_info(device)
     threads = {"torch": torch.get_num_threads(), "fastrank_openmp": fastrank.backends().get("cpu_openmp_threads")}
@@ -267,14 +268,14 @@ def run(args, device, save):
           f"{threads['fastrank_openmp']}", flush=True)
     records: List[dict] = []
     if args.quick and "compiled" in columns:
-        for op, _, size in plan(ops, ["native"], True, args.max_n):
+        for op, _, size in plan(ops, ["native"], True, args.max_n, args.min_n):
             records.append({"op": op.name, "impl": "compiled", "mode": "forward+backward", "size": dict(size),
                             "size_label": op.size_label(size), "x": op.x_of(size), "device": str(device),
                             "dtype": args.dtype, "status": "skipped", "reason": QUICK_SKIP, "note": None,
                             "time": None, "first_call_s": None})
     conf = {"quick": args.quick, "ops": [op.name for op in ops], "columns": columns, "dtype": args.dtype,
             "threads": threads, "sample_s": st.sample_s, "samples": st.samples, "min_samples": st.min_samples,
-            "case_s": st.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n,
+            "case_s": st.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n, "min_n": args.min_n,
             "direction": "both", "reduction": "mean",
             "compile": "torch.compile(reference step, fullgraph=True, dynamic=False), default mode"}
     report = {"baselines": {op.name: "reference" for op in ops}, "ratios": RATIOS,

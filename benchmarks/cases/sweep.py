@@ -65,22 +65,14 @@ def run(args, device, save):
     size_key = "quick" if args.quick else device.type
 
     def sizes_of(op):
-        return [s for s in op.sizes[size_key] if args.max_n is None or op.x_of(s) <= args.max_n]
+        return [s for s in op.sizes[size_key] if (args.max_n is None or op.x_of(s) <= args.max_n)
+                and (args.min_n is None or op.x_of(s) >= args.min_n)]
 
     machine = machine_info(device)
     ceilings = {}
     if not args.no_floors:
         ceilings = measure_ceilings(device, quick=args.quick, cpp_loop=True)
         print(f"ceilings: {ceilings}", flush=True)
-    gc.freeze()  # torch's many long-lived objects out of the collector's way: gc.collect is cheap
-    records = bench_ops(ops, impls, modes, cfg, sizes_of, log=lambda s: print(s, flush=True),
-                        order=args.order, skip={"compiled": QUICK_SKIP} if args.quick else None)
-    if args.huge:
-        huge_cfg = dataclasses.replace(cfg, min_repeats=1, max_repeats=1, case_limit_s=1e9, deadline=None,
-                                       no_warmup=True)
-        records += bench_ops([OPS["fast_rerank_topk"]], ["native"], ["forward"], huge_cfg,
-                             lambda op: op.sizes["huge"], log=lambda s: print(s, flush=True))
-    annotate(records, OPS, ceilings)
     report = {"baselines": {op.name: op.baseline for op in ops},
               "x_names": {op.name: op.x_name for op in ops},
               "notes": {op.name: op.notes for op in ops if op.notes},
@@ -91,10 +83,23 @@ def run(args, device, save):
             "huge": args.huge, "min_repeats": cfg.min_repeats, "max_repeats": cfg.max_repeats,
             "repeat_budget_s": cfg.repeat_budget_s, "case_limit_s": cfg.case_limit_s,
             "mem_fraction": cfg.mem_fraction, "mem_budget_bytes": cfg.mem_budget_bytes,
-            "time_limit_s": args.time_limit, "seed": cfg.seed, "threads": args.threads, "order": args.order}
-    return payload("sweep", device, conf, records, report, machine, t0, ceilings=ceilings,
-                   memory_method=PeakMemory(device).method)
+            "time_limit_s": args.time_limit, "min_n": args.min_n, "seed": cfg.seed, "threads": args.threads, "order": args.order}
 
+    def current(records, done):
+        annotate(records, OPS, ceilings)
+        return payload("sweep", device, conf, records, report, machine, t0, ceilings=ceilings,
+                       memory_method=PeakMemory(device).method, complete=done)
+
+    gc.freeze()  # torch's many long-lived objects out of the collector's way: gc.collect is cheap
+    records = bench_ops(ops, impls, modes, cfg, sizes_of, log=lambda s: print(s, flush=True),
+                        order=args.order, skip={"compiled": QUICK_SKIP} if args.quick else None,
+                        on_record=lambda recs: save(current(recs, False)))
+    if args.huge:
+        huge_cfg = dataclasses.replace(cfg, min_repeats=1, max_repeats=1, case_limit_s=1e9, deadline=None,
+                                       no_warmup=True)
+        records += bench_ops([OPS["fast_rerank_topk"]], ["native"], ["forward"], huge_cfg,
+                             lambda op: op.sizes["huge"], log=lambda s: print(s, flush=True))
+    return current(records, True)
 
 CASE = Case("sweep", "every op over its sizes, every mode: native vs eager reference, torch.compile, "
                      "chunked; time, peak memory, measured / floor", run)
