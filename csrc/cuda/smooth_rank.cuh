@@ -2,16 +2,25 @@
 // Recall@k; smooth-NDCG, whose rows are every item, keeps its thread-per-element tiles in
 // smooth_ndcg.cu). Contract and workspace: csrc/include/fastrank/smooth_rank.h.
 //
-// Launches: forward = 1 kernel (+ 1 one-block reduction for mean/sum), backward = 1
-// elementwise kernel, for every N and direction; no host sync, no host-device copy.
+// Launches: forward = 1 kernel (+ 1 tiled transpose of the t2i lists when t2i is asked
+// for, + 1 one-block reduction for mean/sum), backward = 1 tiled elementwise kernel, for
+// every N and direction; no host sync, no host-device copy.
+// Column lists: a t2i query's list is a column of sim (and of positives, mask and G), which
+// read in place is one 32-byte sector per 4- or 1-byte element on each of the ~10 passes
+// below (8-32x the bytes, whatever the element size: measured on an H100, the engine ran
+// 50-180x its floor, bfloat16 no faster than float32). So the forward first transposes sim,
+// positives and mask into the scratch (32 x 32 tiles through shared memory, coalesced on both
+// sides), every query then walks a contiguous list, and a column query's G row is written
+// contiguously into w_t2i, which is therefore (m, n); the backward transposes it back tile by
+// tile as it sums the directions.
 // Forward tiling: one block of kThreads threads per query, grid-strided over the queries
-// (the i2t rows, then the t2i columns through swapped strides), in three phases:
+// (the i2t rows, then the t2i columns as rows of the transposes), in three phases:
 //  1. ranks: warp w takes the positives whose order in the list is w mod 8. A warp finds the
 //     positives 32 candidates at a time (__ballot_sync), and for each of its own walks the
 //     whole list with its 32 lanes, summing sigma(x), f sigma(x), sigma'(x), f sigma'(x)
 //     (x = (s_k - s_j) / tau, f = positive; the self pair included, as on the CPU) in a
 //     fixed order, reduced by butterfly shuffles. No block barrier in this phase. The four
-//     sums go to the positive's (n, m) slot of four `partials` arrays;
+//     sums go to the positive's slot of four `partials` arrays;
 //  2. the head, block-wide: each thread reads its own candidates' ranks (strided), the
 //     block sums the head's statistics (fixed-tree block_sum), and each thread writes its
 //     positives' coefficients u, v and T = u S1 + v S2 back into the partials;
@@ -20,8 +29,9 @@
 //     thread adds sum_j sigma'(x_jk) (u_j + v_j f_k) to its own candidates' entries of G,
 //     then subtracts T_k for a positive k and scales by 1 / tau. Each entry of G is owned by
 //     one thread of one block: no atomics; bit-identical run to run.
-// Memory: G (n, m) per direction (saved for the backward), four (n, m) partials per
-// direction during the forward, ~7 KiB of shared memory. Pair work O(|P| * C) per query.
+// Memory: G (n, m) per direction (saved for the backward); during the forward, four (n, m)
+// partials per direction and, with t2i, the transposed lists (smooth_rank.h); ~7 KiB of
+// shared memory. Pair work O(|P| * C) per query.
 // NaN propagation (docs/spec.md §1): poison(s) of every valid item is added to the query's loss
 // and to the item's own gradient entry; masked values are never read.
 #pragma once
@@ -41,7 +51,8 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
 // One direction's view of a query's list: candidate c of query q is sim[q * s_q + c * s_c]
-// (likewise positives and mask), its (n, m) slot q * o_q + c * o_c.
+// (likewise positives and mask), its slot in G and the partials q * o_q + c * o_c. A t2i
+// query reads the transposed lists (contiguous rows of length n) and writes G^T.
 struct ListView {
   int64_t s_q, s_c, p_q, p_c, m_q, m_c, o_q, o_c, n_c;
 };
@@ -49,7 +60,48 @@ struct ListView {
 __device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, int64_t ss0, int64_t ss1, int64_t ps0,
                                               int64_t ps1, int64_t ms0, int64_t ms1) {
   if (!t2i) return ListView{ss0, ss1, ps0, ps1, ms0, ms1, m, 1, m};
-  return ListView{ss1, ss0, ps1, ps0, ms1, ms0, 1, m, n};
+  return ListView{n, 1, n, 1, n, 1, n, 1, n};
+}
+
+// Sizes of the tiles of the transposes (the t2i lists in the forward, G^T in the backward).
+constexpr int kTile = 32;
+
+// The t2i lists transposed into the scratch: simT (m, n) = sim^T (bit copies of sim's
+// elements, B of their size), posT and maskT (m, n) bytes (maskT untouched when mask is
+// null). Tiles of 32 x 32 through shared memory, grid-strided: each warp reads 32
+// consecutive columns of one row, then writes 32 consecutive rows of one column of the
+// transpose, i.e. 32 consecutive elements of a row of it.
+template <typename B>
+__global__ void __launch_bounds__(kThreads)
+subset_transpose_kernel(const B* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ pos,
+                        int64_t ps0, int64_t ps1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1,
+                        int64_t n, int64_t m, B* __restrict__ simT, uint8_t* __restrict__ posT,
+                        uint8_t* __restrict__ maskT) {
+  __shared__ B t_s[kTile][kTile + 1];
+  __shared__ uint8_t t_p[kTile][kTile + 1], t_m[kTile][kTile + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles = ((n + kTile - 1) / kTile) * tiles_m;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t i0 = (tile / tiles_m) * kTile, j0 = (tile % tiles_m) * kTile;
+    for (int r = ty; r < kTile; r += kWarps) {  // rows i0 + r of sim, columns j0 + tx
+      const int64_t i = i0 + r, j = j0 + tx;
+      if (i < n && j < m) {
+        t_s[r][tx] = sim[i * ss0 + j * ss1];
+        t_p[r][tx] = pos[i * ps0 + j * ps1];
+        if (mask != nullptr) t_m[r][tx] = mask[i * ms0 + j * ms1];
+      }
+    }
+    __syncthreads();
+    for (int r = ty; r < kTile; r += kWarps) {  // rows j0 + r of the transposes, columns i0 + tx
+      const int64_t j = j0 + r, i = i0 + tx;
+      if (i < n && j < m) {
+        simT[j * n + i] = t_s[tx][r];
+        posT[j * n + i] = t_p[tx][r];
+        if (mask != nullptr) maskT[j * n + i] = t_m[tx][r];
+      }
+    }
+    __syncthreads();  // the next tile rewrites the shared tiles
+  }
 }
 
 // Head: kFlagged (the ranks among the positives, B, and its sums are needed), kStats (the
@@ -73,14 +125,18 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
   const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int64_t nm = n * m;
+  const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);  // the transposed lists
+  const T* simT = reinterpret_cast<const T*>(partials + t_off);
+  const uint8_t* posT = reinterpret_cast<const uint8_t*>(partials + t_off + nm);
+  const uint8_t* maskT = posT + nm;
   for (int64_t qg = blockIdx.x; qg < n_total; qg += gridDim.x) {
     const bool t2i = qg >= n_i2t;
     const int64_t q = t2i ? qg - n_i2t : qg;
     const int slab = t2i && n_i2t > 0 ? 1 : 0;
     const ListView v = list_view(t2i, n, m, ss0, ss1, ps0, ps1, ms0, ms1);
-    const T* srow = sim + q * v.s_q;
-    const uint8_t* prow = pos + q * v.p_q;
-    const uint8_t* mrow = mask == nullptr ? nullptr : mask + q * v.m_q;
+    const T* srow = (t2i ? simT : sim) + q * v.s_q;
+    const uint8_t* prow = (t2i ? posT : pos) + q * v.p_q;
+    const uint8_t* mrow = mask == nullptr ? nullptr : (t2i ? maskT : mask) + q * v.m_q;
     A* G = ws + (slab == 0 ? L.a1 : L.a2) + q * v.o_q;
     A* X0 = partials + (slab * 4 + 0) * nm + q * v.o_q;  // A, then u
     A* X1 = partials + (slab * 4 + 1) * nm + q * v.o_q;  // B, then v
@@ -236,37 +292,63 @@ subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restric
   if (threadIdx.x == 0 && reduction != kNone) out[0] = total;
 }
 
-// The backward, elementwise (grid-strided): grad = sum over directions of c_q * G_d, c_q =
-// grad_out[q] (none) or grad_out[0] * (1 / count_d for mean); a zero coefficient still passes
-// a non-finite G on. Masked entries have G = 0.
+// The backward, elementwise over 32 x 32 tiles of sim (grid-strided): grad = sum over
+// directions of c_q * G_d, c_q = grad_out[q] (none) or grad_out[0] * (1 / count_d for mean);
+// a zero coefficient still passes a non-finite G on. G_i2t is read in place; G_t2i, stored
+// transposed, is staged through shared memory a tile at a time, read along its rows, so that
+// both reads and the write of grad are coalesced. Masked entries have G = 0.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, min_blocks<T>(8, 6))
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(6, 4))
 subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const acc_t<T>* __restrict__ grad_out,
                        int64_t gs, const acc_t<T>* __restrict__ ws, T* __restrict__ grad) {
   using A = acc_t<T>;
+  __shared__ A t_g[kTile][kTile + 1];  // a tile of G_t2i^T: [column j - j0][row i - i0]
   const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
-  A scale[2];
-  for (int d = 0; d < 2; ++d) {
+  auto scale = [&](int d) {
     const A count = ws[L.counts + d];
-    scale[d] = reduction == kMean ? (count > A(0) ? A(1) / count : A(0)) : A(1);
-  }
-  const int64_t nm = n * m;
-  for (int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x; e < nm; e += int64_t(gridDim.x) * kThreads) {
-    const int64_t i = e / m, j = e - i * m;
-    A g = 0;
-    if (L.d1) {
-      const A c = reduction == kNone ? grad_out[i * gs] : grad_out[0] * scale[0];
-      const A x = ws[L.a1 + e];
-      g += c == A(0) ? poison(x) : c * x;
-    }
+    return reduction == kMean ? (count > A(0) ? A(1) / count : A(0)) : A(1);
+  };
+  const A c_all1 = reduction == kNone ? A(0) : grad_out[0] * scale(0);  // the coefficient of mean / sum
+  const A c_all2 = reduction == kNone ? A(0) : grad_out[0] * scale(1);
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles = ((n + kTile - 1) / kTile) * tiles_m;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t i0 = (tile / tiles_m) * kTile, j0 = (tile % tiles_m) * kTile;
     if (L.d2) {
-      const A c = reduction == kNone ? grad_out[(L.nq1 + j) * gs] : grad_out[0] * scale[1];
-      const A x = ws[L.a2 + e];
-      g += c == A(0) ? poison(x) : c * x;
+      for (int r = ty; r < kTile; r += kWarps) {  // row j0 + r of G_t2i^T, columns i0 + tx
+        const int64_t j = j0 + r, i = i0 + tx;
+        if (i < n && j < m) t_g[r][tx] = ws[L.a2 + j * n + i];
+      }
+      __syncthreads();
     }
-    grad[e] = store<T>(g);
+    for (int r = ty; r < kTile; r += kWarps) {  // row i0 + r of grad, columns j0 + tx
+      const int64_t i = i0 + r, j = j0 + tx;
+      if (i >= n || j >= m) continue;
+      A g = 0;
+      if (L.d1) {
+        const A c = reduction == kNone ? grad_out[i * gs] : c_all1;
+        const A x = ws[L.a1 + i * m + j];
+        g += c == A(0) ? poison(x) : c * x;
+      }
+      if (L.d2) {
+        const A c = reduction == kNone ? grad_out[(L.nq1 + j) * gs] : c_all2;
+        const A x = t_g[tx][r];
+        g += c == A(0) ? poison(x) : c * x;
+      }
+      grad[i * m + j] = store<T>(g);
+    }
+    if (L.d2) __syncthreads();  // the next tile rewrites t_g
   }
 }
+
+// The tiles of kTile x kTile that cover an (n, m) matrix.
+inline int64_t tiles_of(int64_t n, int64_t m) { return ((n + kTile - 1) / kTile) * ((m + kTile - 1) / kTile); }
+
+// An unsigned integer of S bytes: the transpose copies elements as bits.
+template <size_t S> struct UIntOf;
+template <> struct UIntOf<8> { using type = uint64_t; };
+template <> struct UIntOf<4> { using type = uint32_t; };
+template <> struct UIntOf<2> { using type = uint16_t; };
 
 // The launchers take the entry point's struct (smooth_ap.h); these kernels keep their own
 // argument lists: taking the struct whole cost them registers (spills in the half-precision
@@ -281,10 +363,21 @@ int subset_forward(const Head& head, const P& p) {
   const int64_t n_total = n_i2t + n_t2i;
   const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
   A* w = static_cast<A*>(p.ws);
+  A* part = static_cast<A*>(p.partials);
+  if (n_t2i > 0) {  // the column lists, transposed into the scratch (smooth_rank.h)
+    using B = typename UIntOf<sizeof(T)>::type;
+    const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);
+    uint8_t* posT = reinterpret_cast<uint8_t*>(part + t_off + n * m);
+    const int e = launch(subset_transpose_kernel<B>, strided_grid(tiles_of(n, m)), kThreads, 0, st,
+                         static_cast<const B*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,
+                         p.mask.data, p.mask.s0, p.mask.s1, n, m, reinterpret_cast<B*>(part + t_off), posT,
+                         posT + n * m);
+    if (e != 0) return e;
+  }
   const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st,
                        static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,
                        p.mask.data, p.mask.s0, p.mask.s1, n, m, direction, n_i2t, n_total,
-                       static_cast<A>(1.0 / p.tau), head, int(p.with_grad), w, static_cast<A*>(p.partials),
+                       static_cast<A>(1.0 / p.tau), head, int(p.with_grad), w, part,
                        reduction == kNone ? static_cast<A*>(p.out) : nullptr);
   if (e != 0) return e;
   return launch(subset_finalize<A>, 1, kThreads, 0, st, n, m, direction, reduction, w, static_cast<A*>(p.out));
@@ -294,7 +387,7 @@ template <typename T>
 int subset_backward(const SmoothRankBackward& p) {
   using A = acc_t<T>;
   const int64_t n = p.lists.n, m = p.lists.m;
-  return launch(subset_backward_kernel<T>, strided_grid((n * m + kThreads - 1) / kThreads, 65536), kThreads, 0,
+  return launch(subset_backward_kernel<T>, strided_grid(tiles_of(n, m), 65536), kThreads, 0,
                 static_cast<cudaStream_t>(p.stream), n, m, p.lists.direction, p.lists.reduction,
                 static_cast<const A*>(p.grad_out.data), p.grad_out.s, static_cast<const A*>(p.ws),
                 static_cast<T*>(p.grad));

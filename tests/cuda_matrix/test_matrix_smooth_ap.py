@@ -70,10 +70,11 @@ def test_long_lists_and_many_positives(device, head, direction, shape):
 
 @pytest.mark.parametrize("head", list(HEADS))
 @pytest.mark.parametrize("how", ["transposed", "strided"])
-def test_transposed_and_strided_inputs(device, head, how):
-    sim, _ = case(18, 23, seed=5)
-    pos = positives(18, 23, seed=5)
-    mask = torch.rand(18, 23, generator=torch.Generator().manual_seed(5)) > 0.3
+@pytest.mark.parametrize("n,m", [(18, 23), (40, 70)])   # one tile of the t2i transposes; 2 x 3 tiles
+def test_transposed_and_strided_inputs(device, head, how, n, m):
+    sim, _ = case(n, m, seed=5)
+    pos = positives(n, m, seed=5)
+    mask = torch.rand(n, m, generator=torch.Generator().manual_seed(5)) > 0.3
     s, p, mk = layout(sim, how, device), layout(pos, how, device), layout(mask, how, device)
     check_loss(HEADS[head]("native"), HEADS[head]("reference"), s, p, "both", "mean", mk, dtype=torch.float64,
                device=device)
@@ -123,6 +124,10 @@ def test_nonfinite_propagates(device, no_finite_check, head, bad):
 def test_launches_per_call(device, head):
     s = case(40, 30, seed=10)[0].requires_grad_(True)
     assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "both", "mean", None).backward()) \
+        == ["subset_transpose_kernel", "subset_forward_kernel", "subset_finalize", "subset_backward_kernel"]
+    # i2t alone reads sim's rows in place: no transpose
+    s.grad = None
+    assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "i2t", "mean", None).backward()) \
         == ["subset_forward_kernel", "subset_finalize", "subset_backward_kernel"]
 
 

@@ -9,7 +9,8 @@
 //   ws = [w_i2t (n*m) if i2t][w_t2i (n*m) if t2i][aux (Q)][qloss (Q)][count_i2t, count_t2i]
 // w_d: per-element state of direction d in the (n, m) layout (0 for masked items), the
 // query's gradient row G (up to the head's per-query factor) or, for smooth-NDCG on CUDA,
-// the coefficients of its backward pair pass; aux: a per-query value of the head (the IDCG
+// the coefficients of its backward pair pass; for Smooth-AP and Recall@k on CUDA, w_t2i is
+// stored transposed, (m, n), each column query's G contiguous; aux: a per-query value of the head (the IDCG
 // for smooth-NDCG); qloss: the per-query losses, i2t first; count_d: the queries of
 // direction d that count in "mean" (as float). Q = the number of queries (n if i2t, + m if
 // t2i). Elements are of the accumulation type (float, double for float64).
@@ -45,10 +46,19 @@ inline int64_t smooth_rank_ws_numel(int64_t n, int64_t m, int direction) {
   return smooth_rank_layout(n, m, direction).counts + 2;
 }
 
-// CUDA, the subset heads (Smooth-AP, Recall@k): the positives' ranks and coefficients
-// during the forward, four (n, m) arrays per direction (smooth_rank.cuh).
-inline int64_t smooth_rank_partials_numel(int64_t n, int64_t m, int direction) {
+// CUDA, the subset heads (Smooth-AP, Recall@k): the forward's scratch (smooth_rank.cuh).
+// Four (n, m) arrays per direction (the positives' ranks and coefficients), then, when t2i
+// is requested, the column lists transposed, so that a column query reads its list
+// contiguously: sim^T (m, n) in sim's element type (within n * m accumulation-type
+// elements), then positives^T and mask^T, (m, n) bytes each (counted in 4-byte elements,
+// the smallest accumulation type).
+FR_HD int64_t smooth_rank_transposed_offset(int64_t n, int64_t m, int direction) {
   return 4 * (int64_t((direction & kI2T) != 0) + int64_t((direction & kT2I) != 0)) * n * m;
+}
+
+inline int64_t smooth_rank_partials_numel(int64_t n, int64_t m, int direction) {
+  const int64_t nm = n * m;
+  return smooth_rank_transposed_offset(n, m, direction) + ((direction & kT2I) ? nm + (2 * nm + 3) / 4 : 0);
 }
 
 }  // namespace fastrank
