@@ -1,7 +1,8 @@
 """The CUDA checks every fused loss shares (docs/spec.md §1: no host sync, capturable in a CUDA graph), for a loss ``fn(sim, rel)``:
 
 - ``graph_replay``: one forward+backward captured in a CUDA graph and replayed, returning the
-  loss and sim's gradient (the test compares them with an eager call);
+  loss and sim's gradient (the test compares them with an eager call;
+  ``assert_graph_replay_equals_eager`` does both);
 - ``reduce_overhead_steps``: a few SGD steps of ``torch.compile(mode="reduce-overhead")``;
 - ``device_activity``: the kernels one forward+backward launches and any host-device copy;
   ``call_activity``: the same for any call.
@@ -28,6 +29,16 @@ def graph_replay(fn, sim, rel):
     graph.replay()
     torch.cuda.synchronize()
     return loss.detach(), s.grad
+
+
+def assert_graph_replay_equals_eager(fn, sim, rel):
+    """graph_replay's loss and gradient equal an eager call's."""
+    loss, grad = graph_replay(fn, sim, rel)
+    s = sim.clone().requires_grad_(True)
+    eager = fn(s, rel)
+    eager.backward()
+    torch.testing.assert_close(loss, eager.detach())
+    torch.testing.assert_close(grad, s.grad)
 
 
 def reduce_overhead_steps(fn, sim, rel, steps: int = 3):

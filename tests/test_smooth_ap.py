@@ -402,13 +402,4 @@ def test_cuda_matches_reference(n, m):
 def test_cuda_graph_capture_equals_eager():
     sim, pos = rand_case(40, 56, seed=36, p_pos=0.2)
     sim, pos = sim.float().cuda(), pos.cuda()
-
-    def fn(s, p):
-        return fastrank.smooth_ap_loss(s, p, 0.05)
-
-    loss, grad = _cuda_checks.graph_replay(fn, sim, pos)
-    s = sim.clone().requires_grad_(True)
-    eager = fn(s, pos)
-    eager.backward()
-    torch.testing.assert_close(loss, eager.detach())
-    torch.testing.assert_close(grad, s.grad)
+    _cuda_checks.assert_graph_replay_equals_eager(lambda s, p: fastrank.smooth_ap_loss(s, p, 0.05), sim, pos)

@@ -152,15 +152,11 @@ template <typename T, typename R>
 int launch_forward(const KendallForward& p) {
   using A = acc_t<T>;
   const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0, n_t2i = (p.lists.direction & kT2I) ? p.lists.m : 0;
-  const int64_t n_total = n_i2t + n_t2i;
   const int reduction = p.lists.reduction;
   const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
-  A* aux_a = static_cast<A*>(p.aux);
-  const int e = launch(kendall_kernel<T, R>, strided_grid(n_total), kThreads, 0, st, p, n_i2t, n_total,
-                       static_cast<A>(p.alpha), reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
-  if (e != 0 || reduction == kNone) return e;
-  const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
-  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, aux_a, n_total, c0, c1, reduction, static_cast<A*>(p.loss));
+  const int e = launch(kendall_kernel<T, R>, strided_grid(n_i2t + n_t2i), kThreads, 0, st, p, n_i2t,
+                       n_i2t + n_t2i, static_cast<A>(p.alpha), reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
+  return e != 0 ? e : reduce_queries<A>(p.aux, n_i2t, n_t2i, reduction, p.loss, st);
 }
 
 }  // namespace

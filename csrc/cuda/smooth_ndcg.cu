@@ -185,13 +185,7 @@ finalize(const Lists lists, const A* __restrict__ part1, const A* __restrict__ p
       sum += loss;
       cnt += nv > A(0) ? A(1) : A(0);
     }
-    sum = block_sum(sum, scratch);
-    cnt = block_sum(cnt, scratch);
-    if (threadIdx.x == 0) {
-      ws[L.counts + d] = cnt;
-      if (reduction == kMean) total += cnt > A(0) ? sum / cnt : A(0);
-      if (reduction == kSum) total += sum;
-    }
+    add_direction(sum, cnt, reduction, scratch, ws + L.counts + d, total);
     off += nq;
   }
   if (threadIdx.x == 0 && reduction != kNone) out[0] = total;

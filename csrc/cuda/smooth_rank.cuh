@@ -281,13 +281,7 @@ subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restric
       sum += ws[L.qloss + q];
       cnt += ws[L.idcg + q];
     }
-    sum = block_sum(sum, scratch);
-    cnt = block_sum(cnt, scratch);
-    if (threadIdx.x == 0) {
-      ws[L.counts + d] = cnt;
-      if (reduction == kMean) total += cnt > A(0) ? sum / cnt : A(0);
-      if (reduction == kSum) total += sum;
-    }
+    add_direction(sum, cnt, reduction, scratch, ws + L.counts + d, total);
   }
   if (threadIdx.x == 0 && reduction != kNone) out[0] = total;
 }

@@ -27,6 +27,9 @@
 
 #include "fastrank/common.h"
 #include "fastrank/params.h"
+#if defined(__CUDACC__)
+#include "fastrank/launch.h"
+#endif
 
 namespace fastrank {
 
@@ -126,6 +129,16 @@ __global__ void __launch_bounds__(256) reduce_queries_kernel(A* __restrict__ aux
     if (cnt > 0) result += reduction == kMean ? sum * c : sum;
   }
   if (threadIdx.x == 0) loss[0] = result;
+}
+
+// After a per-query kernel over n_i2t + n_t2i queries (i2t first), its reduction: nothing
+// for reduction none, else reduce_queries_kernel on aux (accumulation type A) into loss.
+template <typename A>
+inline int reduce_queries(void* aux, int64_t n_i2t, int64_t n_t2i, int reduction, void* loss, cudaStream_t st) {
+  if (reduction == kNone) return 0;
+  const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
+  return launch(reduce_queries_kernel<A>, 1, 256, 0, st, static_cast<A*>(aux), n_i2t + n_t2i, c0, c1, reduction,
+                static_cast<A*>(loss));
 }
 #endif
 }  // namespace cuda
