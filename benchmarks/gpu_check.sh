@@ -14,13 +14,13 @@
 #      torch.compile (their per-call targets), at most GPU_CHECK_COMPILED_S (default 90) s;
 #   6. kernel profiles: Nsight Compute (ncu, when present) over one call of the ops furthest
 #      from their floors (benchmarks/profile_call.py; speed of light, memory workload,
-#      occupancy), one CSV each, at most GPU_CHECK_PROFILE_S (default 120) s in all; then the
-#      slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
-#      (default 60) s;
+#      occupancy), one CSV each, at most GPU_CHECK_PROFILE_S (default 120) s in all;
 #   7. the smooth-rank engine in float32 and bfloat16 (python -m benchmarks sweep --impls native
 #      --ops smooth_ap,smooth_ap_classes,recall_at_k, once per dtype), at most GPU_CHECK_DTYPE_S
 #      (default 40) s each;
-#   8. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
+#   8. the slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
+#      (default 60) s;
+#   9. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
 #      breadth-first, every op at its small sizes, then medium, then large, so that the time
 #      limit cuts the largest sizes and never a whole op; with the time that is left.
 # Every step is time-limited so that the script ends before GPU_CHECK_BUDGET_S (default 540 s
@@ -119,7 +119,7 @@ timeout $(( P + 40 )) "$PY" "$ROOT/benchmarks" percall --device cuda --out "$OUT
   --samples 15 --tag compiled-128 2>&1 | tee "$OUT/percall-compiled.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "per-call case against torch.compile (see percall-compiled.log)"
 
-step "6a. kernel profiles (ncu)"
+step "6. kernel profiles (ncu)"
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 PROF_END=$(( SECONDS + $(clamp $(( ($(left) - 120) / 2 )) "${GPU_CHECK_PROFILE_S:-120}" 20) ))
 if [ -z "$NCU" ]; then
@@ -140,13 +140,6 @@ else
   done
 fi
 
-step "6b. slate case"
-S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
-echo "time limit: $S s (+20 s)"
-timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \
-  2>&1 | tee "$OUT/slate.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 6 "slate case (see slate.log)"
-
 step "7. smooth-rank engine: float32 and bfloat16"
 D=$(clamp $(( ($(left) - 90) / 4 )) "${GPU_CHECK_DTYPE_S:-40}" 15)
 for dt in float32 bfloat16; do
@@ -157,13 +150,20 @@ for dt in float32 bfloat16; do
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail 7 "smooth-rank $dt sweep (see engine-$dt.log)"
 done
 
-step "8. size sweep (breadth-first)"
+step "8. slate case"
+S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
+echo "time limit: $S s (+20 s)"
+timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \
+  2>&1 | tee "$OUT/slate.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 8 "slate case (see slate.log)"
+
+step "9. size sweep (breadth-first)"
 LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
 [ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep time limit: $LEFT s"
 timeout $(( LEFT + 55 )) "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
   --order breadth 2>&1 | tee "$OUT/benchmarks.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 8 "size sweep (see benchmarks.log)"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail 9 "size sweep (see benchmarks.log)"
 
 step "done in $((SECONDS - START)) s (budget $BUDGET s); files in $OUT"
 ls -la "$OUT"
