@@ -62,6 +62,11 @@ class Op:
     requires: str = ""              # the fastrank function it needs; skipped while it is missing
     notes: str = ""
 
+    def within(self, sizes, min_n: Optional[int] = None, max_n: Optional[int] = None) -> List[dict]:
+        """The sizes whose x (N) is within [min_n, max_n] (a bound of None: none)."""
+        return [s for s in sizes if (max_n is None or self.x_of(s) <= max_n)
+                and (min_n is None or self.x_of(s) >= min_n)]
+
     def missing(self) -> Optional[str]:
         """Why the op cannot run at all in this fastrank, or None."""
         if self.requires and not hasattr(fastrank, self.requires):

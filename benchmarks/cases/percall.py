@@ -210,8 +210,7 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
 def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None, min_n: Optional[int] = None):
     """(op, impl, size): breadth-first (every op's smallest size first), the cheap columns
     of every size before any torch.compile (a time limit cuts compilations first)."""
-    sizes = {op.name: [s for s in (op.percall_quick_sizes if quick else op.percall_sizes)
-                       if (max_n is None or op.x_of(s) <= max_n) and (min_n is None or op.x_of(s) >= min_n)]
+    sizes = {op.name: op.within(op.percall_quick_sizes if quick else op.percall_sizes, min_n, max_n)
              for op in ops}
     rounds = max((len(v) for v in sizes.values()), default=0)
     out = []

@@ -65,8 +65,7 @@ def run(args, device, save):
     size_key = "quick" if args.quick else device.type
 
     def sizes_of(op):
-        return [s for s in op.sizes[size_key] if (args.max_n is None or op.x_of(s) <= args.max_n)
-                and (args.min_n is None or op.x_of(s) >= args.min_n)]
+        return op.within(op.sizes[size_key], args.min_n, args.max_n)
 
     machine = machine_info(device)
     ceilings = {}

@@ -66,6 +66,9 @@ __device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, in
 // Sizes of the tiles of the transposes (the t2i lists in the forward, G^T in the backward).
 constexpr int kTile = 32;
 
+// The tiles along an edge of x elements (both kernels' grids: tiles_along(n) * tiles_along(m)).
+FR_HD int64_t tiles_along(int64_t x) { return (x + kTile - 1) / kTile; }
+
 // The t2i lists transposed into the scratch: simT (m, n) = sim^T (bit copies of sim's
 // elements, B of their size), posT and maskT (m, n) bytes (maskT untouched when mask is
 // null). Tiles of 32 x 32 through shared memory, grid-strided: each warp reads 32
@@ -80,7 +83,7 @@ subset_transpose_kernel(const B* __restrict__ sim, int64_t ss0, int64_t ss1, con
   __shared__ B t_s[kTile][kTile + 1];
   __shared__ uint8_t t_p[kTile][kTile + 1], t_m[kTile][kTile + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles = ((n + kTile - 1) / kTile) * tiles_m;
+  const int64_t tiles_m = tiles_along(m), tiles = tiles_along(n) * tiles_m;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t i0 = (tile / tiles_m) * kTile, j0 = (tile % tiles_m) * kTile;
     for (int r = ty; r < kTile; r += kWarps) {  // rows i0 + r of sim, columns j0 + tx
@@ -305,7 +308,7 @@ subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const
   const A c_all1 = reduction == kNone ? A(0) : grad_out[0] * scale(0);  // the coefficient of mean / sum
   const A c_all2 = reduction == kNone ? A(0) : grad_out[0] * scale(1);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles = ((n + kTile - 1) / kTile) * tiles_m;
+  const int64_t tiles_m = tiles_along(m), tiles = tiles_along(n) * tiles_m;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t i0 = (tile / tiles_m) * kTile, j0 = (tile % tiles_m) * kTile;
     if (L.d2) {
@@ -335,9 +338,6 @@ subset_backward_kernel(int64_t n, int64_t m, int direction, int reduction, const
   }
 }
 
-// The tiles of kTile x kTile that cover an (n, m) matrix.
-inline int64_t tiles_of(int64_t n, int64_t m) { return ((n + kTile - 1) / kTile) * ((m + kTile - 1) / kTile); }
-
 // An unsigned integer of S bytes: the transpose copies elements as bits.
 template <size_t S> struct UIntOf;
 template <> struct UIntOf<8> { using type = uint64_t; };
@@ -362,7 +362,7 @@ int subset_forward(const Head& head, const P& p) {
     using B = typename UIntOf<sizeof(T)>::type;
     const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);
     uint8_t* posT = reinterpret_cast<uint8_t*>(part + t_off + n * m);
-    const int e = launch(subset_transpose_kernel<B>, strided_grid(tiles_of(n, m)), kThreads, 0, st,
+    const int e = launch(subset_transpose_kernel<B>, strided_grid(tiles_along(n) * tiles_along(m)), kThreads, 0, st,
                          static_cast<const B*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,
                          p.mask.data, p.mask.s0, p.mask.s1, n, m, reinterpret_cast<B*>(part + t_off), posT,
                          posT + n * m);
@@ -381,7 +381,7 @@ template <typename T>
 int subset_backward(const SmoothRankBackward& p) {
   using A = acc_t<T>;
   const int64_t n = p.lists.n, m = p.lists.m;
-  return launch(subset_backward_kernel<T>, strided_grid(tiles_of(n, m), 65536), kThreads, 0,
+  return launch(subset_backward_kernel<T>, strided_grid(tiles_along(n) * tiles_along(m), 65536), kThreads, 0,
                 static_cast<cudaStream_t>(p.stream), n, m, p.lists.direction, p.lists.reduction,
                 static_cast<const A*>(p.grad_out.data), p.grad_out.s, static_cast<const A*>(p.ws),
                 static_cast<T*>(p.grad));
