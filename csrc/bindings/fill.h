@@ -1,6 +1,6 @@
 // The one binder of the kernel entry points, shared by cpu.cpp and cuda.cpp.
 //
-//   bind<fastrank::cpu::SmoothNdcgForward>(m, "smooth_ndcg_forward", &fastrank::cpu::smooth_ndcg_forward);
+//   bind(m, "smooth_ndcg_forward", &fastrank::cpu::smooth_ndcg_forward);
 //
 // makes a Python function that takes the entry point's parameter struct (fastrank/params.h
 // and the op's header) as positional values, field by field IN DECLARATION ORDER (a base

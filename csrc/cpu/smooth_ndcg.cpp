@@ -123,29 +123,18 @@ T forward_query(const View& v, int64_t q, const T* sim, const T* rel, const uint
 
 template <typename T>
 void forward_impl(const SmoothNdcgForward& p) {
-  const int64_t n = p.lists.n, m = p.lists.m;
-  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, rs0 = p.rel.s0, rs1 = p.rel.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
+  const ForwardCall<T> c = forward_call<T>(p.lists, p.sim, p.rel, p.mask, p.tau, p.out, p.ws);
   const T* sim = static_cast<const T*>(p.sim.data);
   const T* rel = static_cast<const T*>(p.rel.data);
   const uint8_t* mask = p.mask.data;
   const bool with_grad = p.with_grad;
-  const T tau = static_cast<T>(p.tau);
-  T* out = static_cast<T*>(p.out);
-  T* ws = static_cast<T*>(p.ws);
-  const SmoothRankLayout L = smooth_rank_layout(n, m, p.lists.direction);
-  const View v[2] = {view_of(false, n, m, ss0, ss1, rs0, rs1, ms0, ms1),
-                     view_of(true, n, m, ss0, ss1, rs0, rs1, ms0, ms1)};
-  const T inv_tau = T(1) / tau;
-  const int64_t c_max = std::max(L.d1 ? m : 0, L.d2 ? n : 0);
-  std::vector<T> disc(c_max);  // IDCG discounts 1 / log2(1 + p), p = 1..c_max
-  for (int64_t i = 0; i < c_max; ++i) disc[i] = ndcg_discount(T(i + 1));
-  T* idcg = ws + L.idcg;
-  T* G[2] = {ws + L.a1, ws + L.a2};
-  const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
-  run_queries<T>(L, n, m, work, p.lists.reduction, out, ws, [&] { return Scratch<T>(c_max, with_grad); },
+  std::vector<T> disc(c.c_max);  // IDCG discounts 1 / log2(1 + p), p = 1..c_max
+  for (int64_t i = 0; i < c.c_max; ++i) disc[i] = ndcg_discount(T(i + 1));
+  T* idcg = c.ws + c.L.idcg;
+  run_queries<T>(c.L, c.n, c.m, c.work, p.lists.reduction, c.out, c.ws, [&] { return Scratch<T>(c.c_max, with_grad); },
                  [&](Scratch<T>& w, int d, int64_t q, int64_t* counted) {
-                   return forward_query(v[d], q, sim, rel, mask, inv_tau, disc.data(), w, with_grad, G[d],
-                                        idcg + (d == 0 ? 0 : L.nq1), counted);
+                   return forward_query(c.v[d], q, sim, rel, mask, c.inv_tau, disc.data(), w, with_grad, c.G[d],
+                                        idcg + (d == 0 ? 0 : c.L.nq1), counted);
                  });
 }
 

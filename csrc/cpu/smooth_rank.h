@@ -91,6 +91,40 @@ inline View view_of(bool t2i, int64_t n, int64_t m, int64_t ss0, int64_t ss1, in
   return View{m, n, ss1, ss0, rs1, rs0, ms1, ms0, 1, m};
 }
 
+// A forward's call, unpacked once for every head: the (n, m) lists, the workspace layout,
+// each direction's view of (sim, labels, mask) with labels relevance or positives, 1 / tau,
+// the longest list, the pair work (C^2 per query, for the threading decision), the output
+// and the workspace with G's rows of each direction in it.
+template <typename T> struct ForwardCall {
+  int64_t n, m;
+  SmoothRankLayout L;
+  View v[2];
+  T inv_tau;
+  int64_t c_max, work;
+  T* out;
+  T* ws;
+  T* G[2];
+};
+
+template <typename T, typename Labels>
+ForwardCall<T> forward_call(const Lists& lists, const MatIn& sim, const Labels& labels, const MaskIn& mask,
+                            double tau, void* out, void* ws) {
+  ForwardCall<T> c;
+  c.n = lists.n;
+  c.m = lists.m;
+  c.L = smooth_rank_layout(c.n, c.m, lists.direction);
+  for (int d = 0; d < 2; ++d)
+    c.v[d] = view_of(d == 1, c.n, c.m, sim.s0, sim.s1, labels.s0, labels.s1, mask.s0, mask.s1);
+  c.inv_tau = T(1) / static_cast<T>(tau);
+  c.c_max = std::max(c.L.d1 ? c.m : 0, c.L.d2 ? c.n : 0);
+  c.work = (c.L.d1 ? c.n * c.m * c.m : 0) + (c.L.d2 ? c.m * c.n * c.n : 0);
+  c.out = static_cast<T*>(out);
+  c.ws = static_cast<T*>(ws);
+  c.G[0] = c.ws + c.L.a1;
+  c.G[1] = c.ws + c.L.a2;
+  return c;
+}
+
 // A thread's scratch rows for the all-items pass (sized for the longest list of the call).
 template <typename T> struct Scratch {
   std::vector<T> s, y, p, g, a;
@@ -522,31 +556,21 @@ void backward_elementwise(const SmoothRankLayout& L, const uint8_t* mask, int64_
 // directions (t2i through swapped strides), the reduction, G into ws (smooth_rank.h).
 template <typename T, class Head>
 void subset_forward(const Head& head, const SmoothApForward& p) {
-  const int64_t n = p.lists.n, m = p.lists.m;
-  const int64_t ss0 = p.sim.s0, ss1 = p.sim.s1, ps0 = p.pos.s0, ps1 = p.pos.s1, ms0 = p.mask.s0, ms1 = p.mask.s1;
+  const ForwardCall<T> c = forward_call<T>(p.lists, p.sim, p.pos, p.mask, p.tau, p.out, p.ws);
   const T* sim = static_cast<const T*>(p.sim.data);
   const uint8_t* pos = p.pos.data;
   const uint8_t* mask = p.mask.data;
   const bool with_grad = p.with_grad;
-  const T tau = static_cast<T>(p.tau);
-  T* out = static_cast<T*>(p.out);
-  T* ws = static_cast<T*>(p.ws);
-  const SmoothRankLayout L = smooth_rank_layout(n, m, p.lists.direction);
-  const View v[2] = {view_of(false, n, m, ss0, ss1, ps0, ps1, ms0, ms1),
-                     view_of(true, n, m, ss0, ss1, ps0, ps1, ms0, ms1)};
-  const T inv_tau = T(1) / tau;
-  const int64_t c_max = std::max(L.d1 ? m : 0, L.d2 ? n : 0);
-  T* G[2] = {ws + L.a1, ws + L.a2};
-  for (int64_t q = 0; q < L.q; ++q) ws[L.idcg + q] = T(1);  // aux: unused by the subset heads
-  // the pair work is |P| x C per query: bounded by C^2 per query for the threading decision
-  const int64_t work = (L.d1 ? n * m * m : 0) + (L.d2 ? m * n * n : 0);
+  for (int64_t q = 0; q < c.L.q; ++q) c.ws[c.L.idcg + q] = T(1);  // aux: unused by the subset heads
+  // the pair work is |P| x C per query, bounded by C^2 (c.work) for the threading decision;
   // the column queries of a row-major matrix without a mask go in tiles of kTile
-  const bool tiles = L.d2 && mask == nullptr && v[1].sc != 1 && v[1].sq == 1 && v[1].rq == 1;
+  const bool tiles = c.L.d2 && mask == nullptr && c.v[1].sc != 1 && c.v[1].sq == 1 && c.v[1].rq == 1;
   run_queries<T>(
-      L, n, m, work, p.lists.reduction, out, ws, [&] { return SubsetScratch<T>(c_max); },
+      c.L, c.n, c.m, c.work, p.lists.reduction, c.out, c.ws, [&] { return SubsetScratch<T>(c.c_max); },
       [&](SubsetScratch<T>& w, int d, int64_t q, int64_t* counted) {
-        if (d == 1 && tiles) return subset_column_query(head, v[d], q, sim, pos, inv_tau, w, with_grad, G[d], counted);
-        return subset_query(head, v[d], q, sim, pos, mask, inv_tau, w, with_grad, G[d], counted);
+        if (d == 1 && tiles)
+          return subset_column_query(head, c.v[d], q, sim, pos, c.inv_tau, w, with_grad, c.G[d], counted);
+        return subset_query(head, c.v[d], q, sim, pos, mask, c.inv_tau, w, with_grad, c.G[d], counted);
       },
       tiles ? kTile : 1);
 }

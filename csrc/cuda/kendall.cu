@@ -149,24 +149,14 @@ __global__ void __launch_bounds__(kThreads) kendall_backward_kernel(const acc_t<
 }
 
 template <typename T, typename R>
-int launch_forward(const KendallForward& p) {
-  using A = acc_t<T>;
-  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0, n_t2i = (p.lists.direction & kT2I) ? p.lists.m : 0;
-  const int reduction = p.lists.reduction;
-  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
-  const int e = launch(kendall_kernel<T, R>, strided_grid(n_i2t + n_t2i), kThreads, 0, st, p, n_i2t,
-                       n_i2t + n_t2i, static_cast<A>(p.alpha), reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
-  return e != 0 ? e : reduce_queries<A>(p.aux, n_i2t, n_t2i, reduction, p.loss, st);
+int launch_forward(const KendallForward& p, Graded<T, R>) {
+  return launch_queries<kThreads>(kendall_kernel<T, R>, p, static_cast<acc_t<T>>(p.alpha));
 }
 
 }  // namespace
 
 int kendall_forward(const KendallForward& p) {
-  const bool rel_same = p.rel_dt == p.lists.dt;  // else relevance is in the accumulation type
-  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
-    return rel_same ? launch_forward<T, T>(p) : launch_forward<T, acc_t<T>>(p);
-  });
-  return 0;
+  return dispatch_graded(p.lists.dt, p.rel_dt, [&](auto types) { return launch_forward(p, types); });
 }
 
 int kendall_backward(const KendallBackward& p) {

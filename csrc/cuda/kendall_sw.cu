@@ -232,25 +232,14 @@ __global__ void __launch_bounds__(kTileC * kTileR) sw_backward_kernel(
 }
 
 template <typename T, typename R>
-int launch_forward(const KendallSwForward& p) {
-  using A = acc_t<T>;
-  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0, n_t2i = (p.lists.direction & kT2I) ? p.lists.m : 0;
-  const int reduction = p.lists.reduction;
-  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
-  const Edges edges{p.alpha, p.beta, p.hi};
-  const int e = launch(sw_forward_kernel<T, R>, strided_grid(n_i2t + n_t2i), kThreads, 0, st, p, n_i2t,
-                       n_i2t + n_t2i, edges, reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
-  return e != 0 ? e : reduce_queries<A>(p.aux, n_i2t, n_t2i, reduction, p.loss, st);
+int launch_forward(const KendallSwForward& p, Graded<T, R>) {
+  return launch_queries<kThreads>(sw_forward_kernel<T, R>, p, Edges{p.alpha, p.beta, p.hi});
 }
 
 }  // namespace
 
 int kendall_sw_forward(const KendallSwForward& p) {
-  const bool rel_same = p.rel_dt == p.lists.dt;  // else relevance is in the accumulation type
-  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
-    return rel_same ? launch_forward<T, T>(p) : launch_forward<T, acc_t<T>>(p);
-  });
-  return 0;
+  return dispatch_graded(p.lists.dt, p.rel_dt, [&](auto types) { return launch_forward(p, types); });
 }
 
 int kendall_sw_backward(const KendallSwBackward& p) {

@@ -261,7 +261,7 @@ backward_tiles(const SmoothNdcgBackward p, int64_t tiles_m, acc_t<T> inv_tau) {
 }
 
 template <typename T, typename R>
-int launch_forward(const SmoothNdcgForward& p) {
+int launch_forward(const SmoothNdcgForward& p, Graded<T, R>) {
   using A = acc_t<T>;
   const int64_t n = p.lists.n, m = p.lists.m;
   const Layout L = smooth_rank_layout(n, m, p.lists.direction);
@@ -280,11 +280,7 @@ int launch_forward(const SmoothNdcgForward& p) {
 }  // namespace
 
 int smooth_ndcg_forward(const SmoothNdcgForward& p) {
-  const bool rel_same = p.rel_dt == p.lists.dt;  // else relevance is in the accumulation type
-  FASTRANK_DISPATCH_CUDA(p.lists.dt, T, {
-    return rel_same ? launch_forward<T, T>(p) : launch_forward<T, acc_t<T>>(p);
-  });
-  return 0;
+  return dispatch_graded(p.lists.dt, p.rel_dt, [&](auto types) { return launch_forward(p, types); });
 }
 
 int smooth_ndcg_backward(const SmoothNdcgBackward& p) {

@@ -80,6 +80,19 @@ template <> FR_HD __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2b
     case ::fastrank::DType::bf16: { using T = __nv_bfloat16; __VA_ARGS__; } break;      \
     default: return static_cast<int>(cudaErrorInvalidValue);                            \
   }
+
+// The (sim, relevance) types of a graded loss's CUDA kernels: T is sim's storage type, R
+// relevance's: T, or acc_t<T> when Python passed relevance in the accumulation type.
+template <typename T, typename R> struct Graded {};
+
+// Calls launch(Graded<T, R>{}) for sim's dtype `dt` and relevance's `rel_dt` (the forward of
+// smooth-NDCG, Kendall and Kendall SW-HS); an unknown dtype is cudaErrorInvalidValue.
+template <class Launch> int dispatch_graded(DType dt, DType rel_dt, Launch&& launch) {
+  FASTRANK_DISPATCH_CUDA(dt, T, {
+    return rel_dt == dt ? launch(Graded<T, T>{}) : launch(Graded<T, acc_t<T>>{});
+  });
+  return 0;
+}
 #endif
 
 // ---- exp(x) for x <= 0 ------------------------------------------------------------

@@ -70,9 +70,6 @@ struct FastRerankBackward {
 };
 
 namespace cpu {
-using ::fastrank::FastRerankBackward;
-using ::fastrank::FastRerankForward;
-using ::fastrank::FastRerankLse;
 int64_t fast_rerank_workspace(int64_t n, int64_t m);
 // The statistics alone (pass 1): col_lse and row_lse. Returns true when all are finite.
 bool fast_rerank_lse(const FastRerankLse& p);
@@ -83,15 +80,9 @@ void fast_rerank_backward(const FastRerankBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-struct FastRerankLse : ::fastrank::FastRerankLse {
-  void* stream;  // a cudaStream_t
-};
-struct FastRerankForward : ::fastrank::FastRerankForward {
-  void* stream;
-};
-struct FastRerankBackward : ::fastrank::FastRerankBackward {
-  void* stream;
-};
+using FastRerankLse = OnStream<::fastrank::FastRerankLse>;
+using FastRerankForward = OnStream<::fastrank::FastRerankForward>;
+using FastRerankBackward = OnStream<::fastrank::FastRerankBackward>;
 // Return a cudaError_t as int (0 = success).
 int64_t fast_rerank_workspace(int64_t n, int64_t m);
 int fast_rerank_lse(const FastRerankLse& p);

@@ -88,20 +88,14 @@ inline void reduce_queries(T* aux, int64_t n_total, int n_slabs, const int64_t* 
   }
 }
 
-using ::fastrank::KendallBackward;
-using ::fastrank::KendallForward;
 void kendall_forward(const KendallForward& p);
 void kendall_backward(const KendallBackward& p);
 }  // namespace cpu
 
 namespace cuda {
 // Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-struct KendallForward : ::fastrank::KendallForward {
-  void* stream;  // a cudaStream_t
-};
-struct KendallBackward : ::fastrank::KendallBackward {
-  void* stream;
-};
+using KendallForward = OnStream<::fastrank::KendallForward>;
+using KendallBackward = OnStream<::fastrank::KendallBackward>;
 int kendall_forward(const KendallForward& p);
 int kendall_backward(const KendallBackward& p);
 
@@ -139,6 +133,19 @@ inline int reduce_queries(void* aux, int64_t n_i2t, int64_t n_t2i, int reduction
   const int64_t c0 = n_i2t > 0 ? n_i2t : n_t2i, c1 = n_i2t > 0 ? n_t2i : 0;
   return launch(reduce_queries_kernel<A>, 1, 256, 0, st, static_cast<A*>(aux), n_i2t + n_t2i, c0, c1, reduction,
                 static_cast<A*>(loss));
+}
+
+// A Kendall-family forward: `kernel` over the n_i2t + n_t2i queries of p (i2t first),
+// grid-strided with kThreads threads a block, taking (p, n_i2t, n_total, extra, the
+// per-query losses for reduction none or null), then its reduction (reduce_queries).
+template <int kThreads, typename A, typename P, typename X>
+inline int launch_queries(void (*kernel)(P, int64_t, int64_t, X, A*), const P& p, X extra) {
+  const int64_t n_i2t = (p.lists.direction & kI2T) ? p.lists.n : 0, n_t2i = (p.lists.direction & kT2I) ? p.lists.m : 0;
+  const int reduction = p.lists.reduction;
+  const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
+  const int e = launch(kernel, strided_grid(n_i2t + n_t2i), kThreads, 0, st, p, n_i2t, n_i2t + n_t2i, extra,
+                       reduction == kNone ? static_cast<A*>(p.loss) : nullptr);
+  return e != 0 ? e : reduce_queries<A>(p.aux, n_i2t, n_t2i, reduction, p.loss, st);
 }
 #endif
 }  // namespace cuda

@@ -52,19 +52,13 @@ struct KendallSwBackward {
 };
 
 namespace cpu {
-using ::fastrank::KendallSwBackward;
-using ::fastrank::KendallSwForward;
 void kendall_sw_forward(const KendallSwForward& p);
 void kendall_sw_backward(const KendallSwBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-struct KendallSwForward : ::fastrank::KendallSwForward {
-  void* stream;  // a cudaStream_t
-};
-struct KendallSwBackward : ::fastrank::KendallSwBackward {
-  void* stream;
-};
+using KendallSwForward = OnStream<::fastrank::KendallSwForward>;
+using KendallSwBackward = OnStream<::fastrank::KendallSwBackward>;
 int kendall_sw_forward(const KendallSwForward& p);
 int kendall_sw_backward(const KendallSwBackward& p);
 }  // namespace cuda

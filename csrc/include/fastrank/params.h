@@ -45,4 +45,13 @@ FR_HD int64_t query_count(int64_t n, int64_t m, int direction) {
   return ((direction & kI2T) ? n : 0) + ((direction & kT2I) ? m : 0);
 }
 
+namespace cuda {
+// The CUDA struct of an entry point that reads what the backend-neutral struct P holds:
+// P's fields, then the stream (a cudaStream_t, the last field everywhere: Python's
+// _launch.call appends it). `using KendallForward = OnStream<::fastrank::KendallForward>;`
+template <class P> struct OnStream : P {
+  void* stream;
+};
+}  // namespace cuda
+
 }  // namespace fastrank
