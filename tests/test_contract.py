@@ -195,8 +195,8 @@ def test_the_completeness_check_would_see_a_new_op():
 
 # ---------------------------------------------------------------- the table feeds the public names
 def test_the_public_names_are_the_table_of_losses():
-    """fastrank.__all__ and fastrank.nn.__all__ are written out (static analysis reads them:
-    the API pages, type checkers); they hold exactly the table's forms (src/fastrank/ops/registry.py)."""
+    """fastrank.__all__ and fastrank.nn.__all__ are made from the table (src/fastrank/ops/registry.py):
+    they hold exactly its forms, besides the few names written out, and each name is the table's object."""
     assert set(fastrank.__all__) == {"__version__", "backends", "nn"} | set(functional_names())
     assert set(fastrank.nn.__all__) == {"CombinedLoss"} | set(module_names())
     for row in LOSSES.values():

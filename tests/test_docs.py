@@ -19,13 +19,19 @@ Skipping is visible, in the block itself (so a reader sees it too) and in the te
 is reported as skipped with that reason. Any other ``# docs test:`` line, or a skip without
 a reason, fails the test: a typo never skips a block silently. Blocks fenced as
 ``python`` or ``py`` run; ``bash`` and other blocks are not Python and are left alone.
+
+The docs' one list of the losses, the README's ``## Losses`` table (docs_losses.py; the site
+makes the losses' index and nav from it), is held here to the table of ops
+(src/fastrank/ops/registry.py) and to the pages of docs/losses/, without building the site.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pathlib
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -276,3 +282,73 @@ def test_failing_block_reports_the_markdown_line(tmp_path):
         _execute(block, run)
     frames = [f for f in info.traceback if str(f.path) == str(doc)]
     assert frames and frames[-1].lineno + 1 == 5      # pytest's lineno is 0-based
+
+
+# ------------------------------------------------------------------ the one list of the losses
+def _losses_table():
+    """The README's Losses table, read by docs_losses.py at the checkout's root (as the site's hooks read it)."""
+    spec = importlib.util.spec_from_file_location("docs_losses", ROOT / "docs_losses.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module.read(ROOT / "README.md")
+
+
+def _loss_rows():
+    from fastrank.ops.registry import LOSSES
+    return list(LOSSES.values())
+
+
+def test_readme_losses_table_lists_every_loss_and_page():
+    table = _losses_table()
+    rows = {name: row for row in table.rows for name in row.functions}
+    functions = [loss.functional.__name__ for loss in _loss_rows()]
+    modules = [loss.module.__name__ for loss in _loss_rows() if loss.module is not None]
+    for loss in _loss_rows():
+        name = loss.functional.__name__
+        assert name in rows, f"README.md, '## Losses': no row links `{name}` to its page docs/losses/<op>.md"
+        assert (ROOT / rows[name].page).is_file(), f"README.md, '## Losses': `{name}` links {rows[name].page}: no such page"
+        if loss.module is not None:
+            assert loss.module.__name__ in rows[name].modules, \
+                f"README.md, '## Losses': the row of `{name}` does not name its module `{loss.module.__name__}`"
+    assert sorted(rows) == sorted(functions), "README.md, '## Losses': functions that fastrank.ops.registry lacks"
+    listed = [m for row in table.rows for m in row.modules]
+    assert sorted(listed) == sorted(modules), "README.md, '## Losses': modules that fastrank.ops.registry lacks"
+    pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "losses").glob("*.md")} - {"docs/losses/index.md"}
+    assert sorted(pages - set(table.pages)) == [], "pages of docs/losses/ that no row of the README's table links"
+    assert sorted(set(table.pages) - pages) == [], "the README's table links loss pages that do not exist"
+
+
+def _api_section(page: pathlib.Path) -> Dict[str, Optional[str]]:
+    """The ``::: <object>`` blocks of the page's ``## API`` section: object path -> its ``heading`` option."""
+    lines = page.read_text().splitlines()
+    assert "## API" in lines, f"{page.relative_to(ROOT)}: no '## API' section"
+    blocks, current = {}, None
+    for line in lines[lines.index("## API") + 1:]:
+        if line.startswith("#"):
+            break
+        m = re.match(r"^:::\s*(\S+)", line)
+        if m:
+            current = m.group(1)
+            blocks[current] = None
+        m = re.match(r"^\s+heading:\s*(\S+)\s*$", line)
+        if m and current is not None:
+            blocks[current] = m.group(1)
+    return blocks
+
+
+def test_every_loss_page_documents_its_api():
+    """Each loss page ends with the API of its functions and modules, from the module that
+    defines each (static analysis finds them there), headed by the public name."""
+    table = _losses_table()
+    page_of = {name: row.page for row in table.rows for name in row.functions}
+    expected: Dict[str, Dict[str, str]] = {page: {} for page in table.pages}
+    for loss in _loss_rows():
+        page = page_of.get(loss.functional.__name__)
+        if page is None:
+            continue                 # test_readme_losses_table_lists_every_loss_and_page says which
+        forms = [(loss.functional, "fastrank.")] + ([(loss.module, "fastrank.nn.")] if loss.module else [])
+        for obj, public in forms:
+            expected[page][f"{obj.__module__}.{obj.__qualname__}"] = public + obj.__name__
+    for page, blocks in expected.items():
+        assert _api_section(ROOT / page) == blocks, f"{page}: its '## API' section (object: heading)"
