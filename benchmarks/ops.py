@@ -2,15 +2,19 @@
 kernel, eager reference, torch.compile of it, ...), sizes, memory estimate and floor.
 
 The ``sweep`` case runs every op of :data:`OPS` over its sizes; the ``percall`` case runs
-the ops that have ``percall_sizes``. Adding an op is one entry in :data:`OPS`; for a loss
-with native kernels that is :func:`native_loss` with its public function's name, its
-inputs and its floor counts (see ``smooth_ap`` below). An op whose public function is not
-in fastrank yet (``requires``) is recorded as skipped, with the reason, in every case.
+the ops that have ``percall_sizes``. The ops follow the table of losses
+(src/fastrank/ops/registry.py): every native op of it is measured, by :func:`native_loss`'s
+default benchmark of its row (smooth_ndcg's), adjusted in :data:`TUNED` where an op needs
+other sizes or baselines, or by a whole custom :class:`Op` (:data:`CUSTOM`: fast_rerank,
+whose calls return two matrices; fast_rerank_topk, which takes embeddings). A new native op
+needs nothing here. An op whose public function is not in fastrank (``requires``) is
+recorded as skipped, with the reason, in every case.
 
 Floor counts (``Op.floor(mode, size, itemsize)``) are what an op cannot avoid: ``bytes``
 that must move (inputs read once, outputs written once), ``exp`` exponentials, ``fp32``
 other float instructions, ``mm_flop`` matmul flops, ``cmp_select_add`` Kendall-like pair
-work; ceilings.py turns them into seconds with the device's measured rates.
+work; each native op declares its own with its glue (src/fastrank/ops/_floor.py) and the
+table carries it here; ceilings.py turns them into seconds with the device's measured rates.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import fastrank
+from fastrank.ops.registry import LOSSES, NATIVE_OPS, Loss
 
 from . import baselines
 from .results import MODES
@@ -96,18 +101,8 @@ def sim_inputs(size, device, dtype, requires_grad):
     return {"sim": sim.requires_grad_(requires_grad)}
 
 
-def pair_count(n, m):
-    """Unordered pairs of both directions: N*M*(M-1)/2 + M*N*(N-1)/2."""
-    return n * m * (m - 1) / 2 + m * n * (n - 1) / 2
-
-
 def cubic_work(size):
     return size["n"] * size["m"] * (size["n"] + size["m"])
-
-
-def rw_bytes(mode, n, m, itemsize):
-    """Read sim and relevance; the backward also writes the gradient."""
-    return {"forward": 2, "backward": 3, "forward+backward": 3}[mode] * n * m * itemsize
 
 
 def cubic_est_bytes(impl, mode, size, itemsize):
@@ -123,13 +118,19 @@ def cubic_est_bytes(impl, mode, size, itemsize):
     return flat
 
 
-def native_loss(name: str, fn: str, about: str, floor, inputs=graded_inputs, chunked: bool = False,
+def native_loss(row: Loss, name: str = "", about: str = "", floor=None, inputs=None, chunked: bool = True,
                 pair_elements=lambda c: c * c, **kw) -> Op:
-    """A loss with native kernels, called as ``fastrank.<fn>(**inputs, impl=...)`` with
-    hyper-parameters ``kw``: native, eager reference, torch.compile of the reference, and
-    (``chunked``) the reference over blocks of queries under checkpoint. The function is
-    looked up at call time, so the op follows what fastrank exports. Keywords that are
-    Op fields (sizes, work, notes, ...) go to the Op, the others to the function."""
+    """The benchmark of a loss of the table with native kernels, called as
+    ``fastrank.<functional>(**inputs, impl=...)`` with hyper-parameters ``kw`` (none: its
+    defaults): native, eager reference, torch.compile of the reference, and (``chunked``)
+    the reference over blocks of queries under checkpoint. By default it is the row's name,
+    the first line of the functional's docstring, the row's floor, graded inputs when the
+    function takes ``relevance`` (else ``sim`` alone: the positives are the diagonal), the
+    cubic ops' sizes. The function is looked up at call time, so the op follows what
+    fastrank exports. Keywords that are Op fields (sizes, work, notes, ...) go to the Op,
+    the others to the function."""
+    fn = row.functional.__name__
+    graded = "relevance" in inspect.signature(row.functional).parameters
     fields = {k: kw.pop(k) for k in list(kw) if k in Op.__dataclass_fields__}
 
     def public(impl):
@@ -140,42 +141,22 @@ def native_loss(name: str, fn: str, about: str, floor, inputs=graded_inputs, chu
              "compiled": lambda: baselines.compiled(getattr(fastrank, fn), **kw)}
     if chunked:
         impls["chunked"] = lambda: baselines.chunked_per_query(getattr(fastrank, fn), pair_elements, **kw)
+    hyper = ", ".join(f"{k}={v}" for k, v in kw.items()) or "default hyper-parameters"
     defaults = dict(
         sizes={"cpu": square(64, 128, 256, 512, 1024, 2048),
                "cuda": square(256, 512, 1024, 2048, 4096, 8192, 16384),
                "quick": square(16, 128)},
         work=cubic_work, est_bytes=cubic_est_bytes,
-        percall_sizes=square(4, 8, 128, 512), percall_quick_sizes=square(4, 8))
-    return Op(name=name, about=about, impls=impls, inputs=inputs, floor=floor, requires=fn,
-              **{**defaults, **fields})
+        percall_sizes=square(4, 8, 128, 512), percall_quick_sizes=square(4, 8),
+        notes=f"direction=both, reduction=mean, {hyper}" + ("" if graded else ", positives = the diagonal"))
+    return Op(name=name or row.name, about=about or " ".join(row.functional.__doc__.split("\n\n")[0].split()),
+              impls=impls, inputs=inputs or (graded_inputs if graded else sim_inputs), floor=floor or row.floor,
+              requires=fn, **{**defaults, **fields})
 
 
-# ------------------------------------------------------------------ smooth_ndcg, kendall, kendall_sw
-
-def smooth_ndcg_floor(mode, size, itemsize):
-    """one exp per unordered pair per pass (sigma(-x) = 1 - sigma(x)); the forward is one
-    pass, the backward one more (it needs the finished DCG)."""
-    n, m = size["n"], size["m"]
-    passes = {"forward": 1, "backward": 1, "forward+backward": 2}[mode]
-    return {"bytes": rw_bytes(mode, n, m, itemsize), "exp": passes * pair_count(n, m)}
-
-
-def kendall_floor(mode, size, itemsize):
-    """one pass of the pairs (the hinge's gradient is known in the forward): ~4 fp32
-    instructions, or one compare+select+add, per unordered pair."""
-    n, m = size["n"], size["m"]
-    pairs = pair_count(n, m) * (0 if mode == "backward" else 1)
-    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs, "cmp_select_add": pairs}
-
+# ------------------------------------------------------------------ what an op changes from its default
 
 SW_WINDOWS = 18   # round((1 - 0 - 0.1) / 0.05): default label_range, alpha and beta
-
-
-def kendall_sw_floor(mode, size, itemsize):
-    """bytes-bound: one window placement per element and direction."""
-    n, m = size["n"], size["m"]
-    scans = 0 if mode == "backward" else 2 * n * m
-    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m, "cmp_select_add": scans}
 
 
 def kendall_sw_est_bytes(impl, mode, size, itemsize):
@@ -186,38 +167,24 @@ def kendall_sw_est_bytes(impl, mode, size, itemsize):
     return flat
 
 
-SMOOTH_NDCG = native_loss(
-    "smooth_ndcg", "smooth_ndcg_loss", "smooth-NDCG (docs/spec.md §2.1), tau=0.01: O(N^3) pairs, one exp each",
-    smooth_ndcg_floor, chunked=True, tau=0.01,
-    notes="direction=both, reduction=mean, tau=0.01; floor: N*M*(M-1)/2 exps per direction per pass")
-
-KENDALL = native_loss(
-    "kendall", "kendall_loss", "Kendall, full O(N^3) form (docs/spec.md §2.2), alpha=0.1",
-    kendall_floor, chunked=True,
-    sizes={"cpu": square(64, 128, 256, 512, 1024, 2048), "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192),
-           "quick": square(16, 128)},
-    notes="direction=both, reduction=mean, alpha=0.1; floor: N*M*(M-1)/2 pairs x one compare+select+add "
-          "(or 4 fp32) per direction")
-
-KENDALL_SW = native_loss(
-    "kendall_sw", "kendall_sw_loss", "Kendall with sliding-window hard mining (docs/spec.md §2.3): 18 windows, O(N^2)",
-    kendall_sw_floor, chunked=True, pair_elements=lambda c: SW_WINDOWS * c,
-    sizes={"cpu": square(64, 128, 256, 512, 1024, 2048, 4096),
-           "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192, 16384), "quick": square(16, 128)},
-    work=lambda s: SW_WINDOWS * s["n"] * s["m"], est_bytes=kendall_sw_est_bytes,
-    notes="direction=both, reduction=mean, alpha=0.1, beta=0.05, label_range=(0, 1): 18 windows")
+# The losses whose benchmark differs from native_loss's default (every other native loss of
+# the table, smooth_ndcg among them, is measured as the default says).
+TUNED: Dict[str, dict] = {
+    "kendall": dict(
+        sizes={"cpu": square(64, 128, 256, 512, 1024, 2048), "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192),
+               "quick": square(16, 128)}),
+    "kendall_sw": dict(
+        pair_elements=lambda c: SW_WINDOWS * c,
+        sizes={"cpu": square(64, 128, 256, 512, 1024, 2048, 4096),
+               "cuda": square(128, 256, 512, 1024, 2048, 4096, 8192, 16384), "quick": square(16, 128)},
+        work=lambda s: SW_WINDOWS * s["n"] * s["m"], est_bytes=kendall_sw_est_bytes,
+        notes="direction=both, reduction=mean, alpha=0.1, beta=0.05, label_range=(0, 1): 18 windows"),
+    "smooth_ap": dict(chunked=False),
+    "recall_at_k": dict(chunked=False),
+}
 
 
-# ------------------------------------------------------------------ smooth_ap, recall_at_k
-
-def smooth_rank_floor(mode, size, itemsize):
-    """the positives' smooth ranks only: with one positive per query (the diagonal),
-    M exps per i2t query and N per t2i query, per pass."""
-    n, m = size["n"], size["m"]
-    passes = {"forward": 1, "backward": 1, "forward+backward": 2}[mode]
-    return {"bytes": {"forward": 1, "backward": 2, "forward+backward": 2}[mode] * n * m * itemsize,
-            "exp": passes * 2 * n * m}
-
+# ------------------------------------------------------------------ smooth_ap with classes
 
 PER_CLASS = 4
 
@@ -232,25 +199,15 @@ def class_inputs(size, device, dtype, requires_grad):
 
 
 def smooth_rank_class_floor(mode, size, itemsize):
-    """as smooth_rank_floor with PER_CLASS positives a query: PER_CLASS x the exps."""
-    counts = smooth_rank_floor(mode, size, itemsize)
+    """as Smooth-AP's floor with PER_CLASS positives a query: PER_CLASS x the exps."""
+    counts = LOSSES["smooth_ap"].floor(mode, size, itemsize)
     return {**counts, "exp": PER_CLASS * counts["exp"]}
 
 
-SMOOTH_AP = native_loss(
-    "smooth_ap", "smooth_ap_loss", "Smooth-AP (docs/spec.md §2.8), tau=0.01, positives = the diagonal",
-    smooth_rank_floor, inputs=sim_inputs, tau=0.01,
-    notes="direction=both, reduction=mean, tau=0.01, one positive per query")
-
 SMOOTH_AP_CLASSES = native_loss(
-    "smooth_ap_classes", "smooth_ap_loss", f"Smooth-AP (docs/spec.md §2.8), tau=0.01, {PER_CLASS} positives a query (classes)",
-    smooth_rank_class_floor, inputs=class_inputs, tau=0.01, percall_sizes=(), percall_quick_sizes=(),
-    notes=f"direction=both, reduction=mean, tau=0.01, classes of {PER_CLASS} consecutive items")
-
-RECALL_AT_K = native_loss(
-    "recall_at_k", "recall_at_k_loss", "Recall@k surrogate (docs/spec.md §2.9), ks=(1, 2, 4, 8, 16), positives = the diagonal",
-    smooth_rank_floor, inputs=sim_inputs,
-    notes="direction=both, reduction=mean, default ks, tau and tau_k, one positive per query")
+    LOSSES["smooth_ap"], "smooth_ap_classes", f"Smooth-AP (docs/spec.md §2.8), {PER_CLASS} positives a query (classes)",
+    smooth_rank_class_floor, inputs=class_inputs, chunked=False, percall_sizes=(), percall_quick_sizes=(),
+    notes=f"direction=both, reduction=mean, default tau, classes of {PER_CLASS} consecutive items")
 
 
 # ------------------------------------------------------------------ fast_rerank
@@ -286,15 +243,6 @@ def rerank_est_bytes(impl, mode, size, itemsize):
     return units[mode] * nm + 8 * (size["n"] + size["m"]) * 4
 
 
-def rerank_floor(mode, size, itemsize):
-    """memory-bound: read sim once, write the two (N, M) outputs (backward: read the two
-    output gradients and sim, write the gradient); 2 N*M exps per pass."""
-    nm = size["n"] * size["m"]
-    elems = {"forward": 3, "backward": 4, "forward+backward": 7}[mode]
-    exps = {"forward": 2, "backward": 2, "forward+backward": 4}[mode]
-    return {"bytes": elems * nm * itemsize, "exp": exps * nm}
-
-
 def _rerank(impl):
     return lambda: functools.partial(fastrank.fast_rerank, gamma=GAMMA, lam=LAM, impl=impl)
 
@@ -311,7 +259,7 @@ FAST_RERANK = Op(
            "quick": [{"n": n, "m": 5 * n} for n in (16, 64)]},
     work=lambda s: s["n"] * s["m"],
     est_bytes=rerank_est_bytes,
-    floor=rerank_floor,
+    floor=LOSSES["fast_rerank"].floor,
     x_name="N (M = 5N)",
     out_bytes=lambda s, itemsize: s["n"] * s["m"] * itemsize,
     percall_sizes=({"n": 100, "m": 500}, {"n": 1000, "m": 5000}),
@@ -411,19 +359,27 @@ def _triplet(mining):
     return lambda sim, relevance: fastrank.triplet_loss(sim, mining=mining)
 
 
-# In priority order: with a time limit, what comes first is what gets measured.
-OPS: Dict[str, Op] = {op.name: op for op in (
-    SMOOTH_NDCG,
-    KENDALL_SW,
-    FAST_RERANK,
-    KENDALL,
-    FAST_RERANK_TOPK,
-    SMOOTH_AP,
-    SMOOTH_AP_CLASSES,
-    RECALL_AT_K,
+# Ops whose benchmark is not a loss call of the default shape (their whole Op above).
+CUSTOM: Dict[str, Op] = {op.name: op for op in (FAST_RERANK, FAST_RERANK_TOPK, SMOOTH_AP_CLASSES)}
+
+# With a time limit, what comes first is what gets measured: these first, then every other
+# native op of the table in its order, then the PyTorch losses.
+PRIORITY = ("smooth_ndcg", "kendall_sw", "fast_rerank", "kendall", "fast_rerank_topk", "smooth_ap",
+            "smooth_ap_classes", "recall_at_k")
+
+
+def _native_ops() -> Dict[str, Op]:
+    """The benchmark of every native op of the table: its custom Op, or native_loss's default
+    adjusted by TUNED."""
+    ops = {name: CUSTOM.get(name) or native_loss(row, **TUNED.get(name, {})) for name, row in NATIVE_OPS.items()}
+    ops.update((name, op) for name, op in CUSTOM.items() if name not in ops)
+    return {name: ops[name] for name in (*[p for p in PRIORITY if p in ops], *ops)}
+
+
+OPS: Dict[str, Op] = {**_native_ops(), **{op.name: op for op in (
     pytorch_loss("triplet_hardest", "VSE++ triplet, hardest negative (docs/spec.md §2.4)", _triplet("hardest")),
     pytorch_loss("triplet_soft", "triplet, LogSumExp-softened negatives (docs/spec.md §2.4)", _triplet("soft")),
     pytorch_loss("triplet_all", "triplet over all negatives (docs/spec.md §2.4)", _triplet("all")),
     pytorch_loss("ladder", "ladder loss, hard rungs (docs/spec.md §2.5)", lambda sim, relevance: fastrank.ladder_loss(sim, relevance)),
     pytorch_loss("topk", "top-k negatives triplet (docs/spec.md §2.6)", lambda sim, relevance: fastrank.topk_loss(sim)),
-)}
+)}}

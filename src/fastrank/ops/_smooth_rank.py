@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .. import _validation as V
 from .._native import acc_dtype, has_native
+from ._floor import PASSES
 from ._launch import call, cuda_kernels, kernel_input, mask_args, mat, module_for
 from ._native_op import Backward
 
@@ -80,6 +81,15 @@ def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, 
 # fastrank::smooth_rank_backward: the backward of fastrank::smooth_ap and fastrank::recall_at_k
 BACKWARD = Backward("fastrank::smooth_rank_backward", backward)
 smooth_rank_backward_op = BACKWARD.op
+
+
+def floor(mode: str, size: dict, itemsize: int) -> dict:
+    """The benchmarks' floor of Smooth-AP and Recall@k (src/fastrank/ops/_floor.py): the
+    positives' smooth ranks only; with one positive per query (the diagonal), M exps per i2t
+    query and N per t2i query, per pass."""
+    n, m = size["n"], size["m"]
+    return {"bytes": {"forward": 1, "backward": 2, "forward+backward": 2}[mode] * n * m * itemsize,
+            "exp": PASSES[mode] * 2 * n * m}
 
 
 def fake_forward(sim: Tensor, direction: int, reduction: int):

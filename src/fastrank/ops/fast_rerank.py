@@ -39,6 +39,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import acc_dtype, has_native
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
+from ._floor import PASSES
 from ._launch import call, cuda_kernels, kernel_input, mat, module_for
 from ._module import ModuleForm
 from ._native_op import NativeOp
@@ -146,6 +147,15 @@ FAST_RERANK = NativeOp("fast_rerank", _forward, ("i2t", "t2i", "stats"), _fake_f
                        after=_check_forward, in_sim_dtype=True)
 fast_rerank_op = FAST_RERANK.op
 fast_rerank_backward_op = FAST_RERANK.backward.op
+
+
+def floor(mode: str, size: dict, itemsize: int) -> dict:
+    """The benchmarks' floor (src/fastrank/ops/_floor.py): memory-bound, read sim once and write
+    the two (N, M) outputs (backward: read the two output gradients and sim, write the
+    gradient); 2 N*M exps per pass."""
+    nm = size["n"] * size["m"]
+    elems = {"forward": 3, "backward": 4, "forward+backward": 7}[mode]
+    return {"bytes": elems * nm * itemsize, "exp": 2 * PASSES[mode] * nm}
 
 
 # ---- the statistics alone (fast_rerank_topk) -------------------------------------------------

@@ -21,6 +21,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from ..reference.kendall import kendall_reference
+from ._floor import pair_count, rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mask_args, mat
 from . import _contract as C
 from ._module import ModuleForm
@@ -78,6 +79,15 @@ def _fake_forward(sim, relevance, mask, alpha, direction, reduction):
 # and the switch between them: src/fastrank/ops/_native_op.py
 KENDALL = NativeOp("kendall", _forward, ("loss", "dsim", "aux"), _fake_forward, _backward)
 kendall_op = KENDALL.op
+
+
+def floor(mode: str, size: dict, itemsize: int) -> dict:
+    """The benchmarks' floor (src/fastrank/ops/_floor.py): one pass of the pairs (the hinge's
+    gradient is known in the forward): ~4 fp32 instructions, or one compare+select+add, per
+    unordered pair."""
+    n, m = size["n"], size["m"]
+    pairs = pair_count(n, m) * (0 if mode == "backward" else 1)
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 4 * pairs, "cmp_select_add": pairs}
 
 
 def _check_hyper(alpha, direction, reduction):

@@ -20,6 +20,7 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
+from ._floor import rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mat
 from .kendall import aux_numel
 from . import _contract as C
@@ -73,6 +74,14 @@ def _fake_forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
 KENDALL_SW = NativeOp("kendall_sw", _forward, ("loss", "idx", "aux"), _fake_forward, _backward)
 kendall_sw_op = KENDALL_SW.op
 kendall_sw_backward_op = KENDALL_SW.backward.op
+
+
+def floor(mode: str, size: dict, itemsize: int) -> dict:
+    """The benchmarks' floor (src/fastrank/ops/_floor.py): bytes-bound, one window placement
+    per element and direction."""
+    n, m = size["n"], size["m"]
+    scans = 0 if mode == "backward" else 2 * n * m
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "fp32": 2 * 4 * n * m, "cmp_select_add": scans}
 
 
 def _check_windows(alpha: float, beta: float, label_range) -> int:

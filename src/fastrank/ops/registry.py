@@ -29,6 +29,7 @@ from . import kendall_sw as _kendall_sw
 from . import recall_at_k as _recall_at_k
 from . import smooth_ap as _smooth_ap
 from . import smooth_ndcg as _smooth_ndcg
+from . import _smooth_rank
 from ._contract import BadInput, Contract, Example, OpSample
 
 __all__ = ["Loss", "LOSSES", "NATIVE_OPS", "Example", "BadInput", "OpSample"]
@@ -45,6 +46,8 @@ class Loss:
     compat: the compat tables it is a listwise term of: ``"open_clip"`` (graded relevance and
         a mask, ClipLoss's ``listwise=``), ``"sentence_transformers"`` (InBatchListwiseLoss).
     cuda_matrix: its file of the CUDA test matrix (tests/cuda_matrix/), run on the emulator.
+    floor: an op with native kernels: the work no implementation of it avoids, declared with
+        its glue (src/fastrank/ops/_floor.py); the benchmarks measure against it.
     """
     name: str
     functional: Callable
@@ -54,6 +57,7 @@ class Loss:
     compat: Tuple[str, ...] = ()
     cuda_matrix: str = ""
     no_module: str = ""
+    floor: Optional[Callable[[str, dict, int], dict]] = None
 
     # the contract's view of a native row (tests/test_contract.py)
     @property
@@ -77,19 +81,19 @@ class Loss:
 LOSSES: Dict[str, Loss] = {row.name: row for row in (
     Loss("triplet", _triplet.triplet_loss, _triplet.TripletLoss),
     Loss("smooth_ndcg", _smooth_ndcg.smooth_ndcg_loss, _smooth_ndcg.SmoothNDCGLoss, _smooth_ndcg.CONTRACT,
-         compat=("open_clip", "sentence_transformers"), cuda_matrix="test_matrix_smooth_ndcg.py"),
+         floor=_smooth_ndcg.floor, compat=("open_clip", "sentence_transformers"), cuda_matrix="test_matrix_smooth_ndcg.py"),
     Loss("smooth_ap", _smooth_ap.smooth_ap_loss, _smooth_ap.SmoothAPLoss, _smooth_ap.CONTRACT,
-         compat=("sentence_transformers",), cuda_matrix="test_matrix_smooth_ap.py"),
+         floor=_smooth_rank.floor, compat=("sentence_transformers",), cuda_matrix="test_matrix_smooth_ap.py"),
     Loss("recall_at_k", _recall_at_k.recall_at_k_loss, _recall_at_k.RecallAtKLoss, _recall_at_k.CONTRACT,
-         cuda_matrix="test_matrix_smooth_ap.py"),
-    Loss("kendall", _kendall.kendall_loss, _kendall.KendallLoss, _kendall.CONTRACT, compat=("open_clip",),
+         floor=_smooth_rank.floor, cuda_matrix="test_matrix_smooth_ap.py"),
+    Loss("kendall", _kendall.kendall_loss, _kendall.KendallLoss, _kendall.CONTRACT, floor=_kendall.floor, compat=("open_clip",),
          cuda_matrix="test_matrix_kendall.py"),
     Loss("kendall_sw", _kendall_sw.kendall_sw_loss, _kendall_sw.KendallSWLoss, _kendall_sw.CONTRACT,
-         compat=("sentence_transformers",), cuda_matrix="test_matrix_kendall_sw.py"),
+         floor=_kendall_sw.floor, compat=("sentence_transformers",), cuda_matrix="test_matrix_kendall_sw.py"),
     Loss("ladder", _ladder.ladder_loss, _ladder.LadderLoss),
     Loss("topk", _topk.topk_loss, _topk.TopKLoss),
     Loss("fast_rerank", _fast_rerank.fast_rerank, _fast_rerank.FastRerank, _fast_rerank.CONTRACT, combined=False,
-         cuda_matrix="test_matrix_fast_rerank.py"),
+         floor=_fast_rerank.floor, cuda_matrix="test_matrix_fast_rerank.py"),
     Loss("fast_rerank_topk", _fast_rerank_topk.fast_rerank_topk, None, _fast_rerank_topk.CONTRACT, combined=False,
          cuda_matrix="test_matrix_fast_rerank.py",
          no_module="a retrieval step over embeddings, not a loss: it has no state and no gradient"),

@@ -21,6 +21,7 @@ from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from . import _smooth_rank
 from . import _contract as C
+from ._floor import PASSES, pair_count, rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat, module_for
 from ._module import ModuleForm
 from ._native_op import NativeOp
@@ -72,6 +73,14 @@ def _fake_forward(sim, relevance, mask, tau, direction, reduction):
 SMOOTH_NDCG = NativeOp("smooth_ndcg", _forward, ("loss", "ws"), _fake_forward, _backward)
 smooth_ndcg_op = SMOOTH_NDCG.op
 smooth_ndcg_backward_op = SMOOTH_NDCG.backward.op
+
+
+def floor(mode: str, size: dict, itemsize: int) -> dict:
+    """The benchmarks' floor (src/fastrank/ops/_floor.py): one exp per unordered pair per pass
+    (sigma(-x) = 1 - sigma(x)); the forward is one pass, the backward one more (it needs the
+    finished DCG)."""
+    n, m = size["n"], size["m"]
+    return {"bytes": rw_bytes(mode, n, m, itemsize), "exp": PASSES[mode] * pair_count(n, m)}
 
 
 # ---------------------------------------------------------------- public API
