@@ -429,3 +429,29 @@ def test_percall_plan_keeps_the_sizes_between_min_n_and_max_n(bench):
         ("kendall", "native", 128), ("smooth_ndcg", "native", 128),
         ("kendall", "compiled", 128), ("smooth_ndcg", "compiled", 128)]
     assert {size["n"] for _, _, size in percall.plan(ops, ["native"], False, min_n=8)} == {8, 128, 512}
+
+
+def test_percall_times_another_checkout_beside_this_one(bench, tmp_path):
+    """--before DIR: the same step on the same inputs, with fastrank imported from DIR in a
+    child process (here a copy of the fastrank in use, so both columns run the same code),
+    recorded as the `before` column with DIR's path in the configuration."""
+    import shutil
+
+    import fastrank
+    import torch
+    from benchmarks import cli
+    other = tmp_path / "other"
+    shutil.copytree(Path(fastrank.__file__).parent, other / "src" / "fastrank",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    args = cli.parser(list(bench.cases.CASES)).parse_args(
+        ["percall", "--quick", "--device", "cpu", "--ops", "kendall", "--max-n", "4", "--impls", "native",
+         "--before", str(other), "--out", str(tmp_path)])
+    final = bench.cases.CASES["percall"].run(args, torch.device("cpu"), lambda p: None)
+    cells = {r["impl"]: r for r in final["results"]}
+    assert set(cells) == {"native", "before"}
+    for r in cells.values():
+        assert r["status"] == "ok", (r["reason"], r.get("traceback"))
+        assert r["time"]["median_s"] > 0
+    assert final["config"]["before"]["path"] == str(other)
+    with pytest.raises(SystemExit, match="no fastrank package"):
+        bench.cases.percall.before_path(tmp_path / "nothing")

@@ -19,7 +19,12 @@ direction="both", reduction="mean", for every op of ops.py with ``percall_sizes`
   a random tensor of sim's shape): the cheapest autograd step, the yardstick of fixed costs;
 - ``cuda_graph`` (CUDA only): the native step captured once in a CUDA graph (torch's
   whole-network recipe: three warm-up steps on a side stream, grads set to None, capture);
-  ``graph.replay()`` is timed; a capture failure is the result.
+  ``graph.replay()`` is timed; a capture failure is the result;
+- ``before`` (with ``--before DIR``): the native step of another fastrank, the checkout DIR
+  with its native module built in place (``python setup.py build_ext --inplace`` there), on
+  the same inputs with the same timing, in a child process per cell that imports fastrank
+  from DIR: a change's before and after in one run on one machine (``before/native`` > 1:
+  the change made the call faster).
 
 Timing: timing.autorange (samples of k back-to-back calls; median per call over the
 samples). The cheap columns of every size run first, breadth-first, and the compilations
@@ -30,7 +35,13 @@ core's fixed costs.
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -47,8 +58,9 @@ from ..results import loadavg, machine_info
 from ..tables import fmt_bytes, fmt_time
 from ..timing import autorange, sync
 
-COLUMNS = ("native", "reference", "compiled", "trivial", "cuda_graph")
-RATIOS = ["native/trivial", "reference/native", "compiled/native", "native/cuda_graph"]
+COLUMNS = ("native", "reference", "compiled", "trivial", "cuda_graph", "before")
+RATIOS = ["native/trivial", "reference/native", "compiled/native", "native/cuda_graph", "before/native"]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK_SKIP = "not run in --quick (torch.compile takes about a minute)"
 
 
@@ -126,6 +138,60 @@ def _graph_step(loss, inputs, device):
     return step
 
 
+# The `before` column's child: the step of native_loss's call (the function and keywords of
+# the op's native partial) on the parent's inputs, fastrank imported from the other checkout.
+BEFORE_CHILD = r"""
+import json, sys, torch
+args = json.loads(sys.argv[1])
+sys.path[:0] = [args["fastrank_path"], args["root"]]
+import fastrank
+from benchmarks.timing import autorange
+call = torch.load(args["call"], weights_only=False)
+fn, kw, inputs = getattr(fastrank, call["fn"]), call["kwargs"], call["inputs"]
+def scalar(out):
+    return out if isinstance(out, torch.Tensor) else sum(t.sum() for t in out[:2])
+def step():
+    inputs["sim"].grad = None
+    scalar(fn(**inputs, **kw)).backward()
+rec = autorange(step, torch.device("cpu"), *args["timing"])
+rec["fastrank_file"] = fastrank.__file__
+print(json.dumps(rec))
+"""
+
+
+def before_path(tree: Path) -> Path:
+    """The folder to import the other checkout's fastrank from: src/ or the root."""
+    for path in (tree / "src", tree):
+        if (path / "fastrank" / "__init__.py").is_file():
+            return path
+    raise SystemExit(f"percall --before: no fastrank package in {tree} (or its src/)")
+
+
+def before_tree_info(tree: Path) -> dict:
+    """The other checkout as the result file records it: its path and commit."""
+    head = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%H %s"], capture_output=True, text=True)
+    return {"path": str(tree), "commit": head.stdout.strip() or None}
+
+
+def _before(op: Op, inputs, st: "Settings", tree: Path) -> dict:
+    """The native step of the fastrank in `tree` on these inputs, timed in a child process."""
+    native = op.impls["native"]()
+    with tempfile.TemporaryDirectory() as tmp:
+        call = Path(tmp) / "call.pt"
+        torch.save({"fn": native.func.__name__, "kwargs": native.keywords, "inputs": inputs}, call)
+        args = {"fastrank_path": str(before_path(tree)), "root": str(ROOT), "call": str(call),
+                "timing": [st.sample_s, st.samples, st.min_samples, st.case_s]}
+        env = {**os.environ, "PYTHONPATH": ""}
+        res = subprocess.run([sys.executable, "-c", BEFORE_CHILD, json.dumps(args)], capture_output=True,
+                             text=True, env=env, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError("the before tree's step failed: " + res.stderr.strip().splitlines()[-1][:300])
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    if not Path(rec.pop("fastrank_file")).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the before child imported a fastrank outside {tree}")
+    return rec
+
+
 class _Compiled:
     """torch.compile of the reference step, fullgraph when the op allows it."""
 
@@ -153,7 +219,8 @@ class _Compiled:
 
 # ------------------------------------------------------------------ one cell
 
-def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled: _Compiled) -> dict:
+def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled: _Compiled,
+            before: Optional[Path] = None) -> dict:
     rec = {"op": op.name, "impl": impl, "mode": "forward+backward", "size": dict(size),
            "size_label": op.size_label(size), "x": op.x_of(size), "device": str(device),
            "dtype": str(dtype).replace("torch.", ""), "status": "ok", "reason": None, "note": None,
@@ -165,6 +232,8 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
             raise _Skip(op.missing())
         if impl == "cuda_graph" and device.type != "cuda":
             raise _Skip("CUDA only")
+        if impl == "before" and (before is None or device.type != "cpu"):
+            raise _Skip("needs --before DIR (CPU)")
         now = time.monotonic()
         if st.deadline is not None and now > st.deadline:
             raise _Skip("run time limit reached")
@@ -186,9 +255,13 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
             step = _step(_trivial, inputs)
         elif impl == "cuda_graph":
             step = _graph_step(_scalar(op, op.impls["native"]()), inputs, device)
+        elif impl == "before":
+            step = None
+            rec.update(_before(op, inputs, st, before))
         else:
             step, compile_s = compiled.step(op, inputs, rec)
-        rec.update(autorange(step, device, st.sample_s, st.samples, st.min_samples, st.case_s))
+        if step is not None:
+            rec.update(autorange(step, device, st.sample_s, st.samples, st.min_samples, st.case_s))
         if impl == "compiled":
             if compile_s is not None:     # the compiling call ran before autorange()
                 rec["first_call_s"] = compile_s
@@ -214,7 +287,7 @@ def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None, min_n
              for op in ops}
     rounds = max((len(v) for v in sizes.values()), default=0)
     out = []
-    for phase in (("native", "trivial", "cuda_graph", "reference"), ("compiled",)):
+    for phase in (("native", "before", "trivial", "cuda_graph", "reference"), ("compiled",)):
         for i in range(rounds):
             for op in ops:
                 if i < len(sizes[op.name]):
@@ -239,10 +312,15 @@ def run(args, device, save):
         if unknown:
             raise SystemExit(f"percall: unknown op(s) {unknown}; choose from {', '.join(op.name for op in ops)}")
         ops = [op for op in ops if op.name in args.ops]
-    columns = args.impls or list(COLUMNS)
+    before = Path(args.before) if args.before else None
+    columns = args.impls or [c for c in COLUMNS if c != "before" or before is not None]
     bad = [c for c in columns if c not in COLUMNS]
     if bad:
         raise SystemExit(f"percall: unknown column(s) {bad}; choose from {', '.join(COLUMNS)}")
+    if "before" in columns and (before is None or device.type != "cpu"):
+        raise SystemExit("percall: the before column needs --before DIR and the CPU")
+    if before is not None and "before" not in columns:
+        columns.append("before")
     if device.type != "cuda":
         columns = [c for c in columns if c != "cuda_graph"]
     elif device.index is not None:      # "cuda" alone is the current device already
@@ -276,6 +354,7 @@ def run(args, device, save):
             "threads": threads, "sample_s": st.sample_s, "samples": st.samples, "min_samples": st.min_samples,
             "case_s": st.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n, "min_n": args.min_n,
             "direction": "both", "reduction": "mean",
+            "before": before_tree_info(before) if before is not None else None,
             "compile": "torch.compile(reference step, fullgraph=True, dynamic=False), default mode"}
     report = {"baselines": {op.name: "reference" for op in ops}, "ratios": RATIOS,
               "x_names": {op.name: op.x_name for op in ops},
@@ -286,6 +365,11 @@ def run(args, device, save):
                          f"(~{st.sample_s * 1e3:g} ms each); peak memory is not measured here",
                          f"compiled: {conf['compile']}; its first call (compilation) is not in the time; "
                          f"CPU threads: torch {threads['torch']}, fastrank OpenMP {threads['fastrank_openmp']}"]}
+    if before is not None:
+        info = conf["before"]
+        report["method"].append(f"before: the native step of the fastrank in {info['path']} "
+                                f"({info['commit'] or 'not a git checkout'}), on the same inputs, "
+                                f"timed in a child process per cell")
 
     def current(done):
         order = {c: i for i, c in enumerate(COLUMNS)}
@@ -296,7 +380,7 @@ def run(args, device, save):
 
     gc.freeze()
     for op, impl, size in cases:
-        rec = run_one(op, impl, size, device, dtype, st, compiled)
+        rec = run_one(op, impl, size, device, dtype, st, compiled, before)
         records.append(rec)
         print(_line(rec), flush=True)
         save(current(False))
