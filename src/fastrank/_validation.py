@@ -83,6 +83,21 @@ def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool =
     return x
 
 
+def check_embedding_pair(first, first_name: str, second, second_name: str, same_dtype: bool = False) -> None:
+    """Two (rows, d) embedding matrices compared row against row: each a tensor (structure
+    only, :func:`check_tensor`), ``second`` with ``first``'s embedding dimension and device
+    (and dtype with ``same_dtype``); the error names ``second``."""
+    check_tensor(first, first_name, 2, finite=False)
+    check_tensor(second, second_name, 2, finite=False)
+    if second.shape[1] != first.shape[1]:
+        raise ValueError(f"{second_name} must have {first_name}'s embedding dimension {first.shape[1]}, "
+                         f"got shape {tuple(second.shape)}")
+    if second.device != first.device:
+        raise ValueError(f"{second_name} is on {second.device} but {first_name} is on {first.device}")
+    if same_dtype and second.dtype != first.dtype:
+        raise TypeError(f"{second_name} must have {first_name}'s dtype {first.dtype}, got {second.dtype}")
+
+
 def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
     """NaN/inf in a floating tensor raise ValueError where the value check is on for its
     device (:func:`check_finite_enabled`); one pass over the data."""

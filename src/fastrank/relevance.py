@@ -333,14 +333,7 @@ def relevance_matrix(query_caption_emb: Tensor, caption_emb: Tensor,
         input is float64), on the inputs' device. t2i uses its transpose (docs/spec.md §1).
     """
     # structure of every argument first, then the values (docs/spec.md §1, _validation.py)
-    V.check_tensor(query_caption_emb, "query_caption_emb", 2, finite=False)
-    V.check_tensor(caption_emb, "caption_emb", 2, finite=False)
-    if query_caption_emb.shape[1] != caption_emb.shape[1]:
-        raise ValueError(f"query_caption_emb has dimension {query_caption_emb.shape[1]} but caption_emb "
-                         f"has {caption_emb.shape[1]}")
-    if query_caption_emb.device != caption_emb.device:
-        raise ValueError(f"query_caption_emb is on {query_caption_emb.device} but caption_emb is on "
-                         f"{caption_emb.device}")
+    V.check_embedding_pair(query_caption_emb, "query_caption_emb", caption_emb, "caption_emb")
     n, m = query_caption_emb.shape[0], caption_emb.shape[0]
     if image_caption_index is None and n != m:
         raise ValueError(

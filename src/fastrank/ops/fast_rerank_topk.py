@@ -53,15 +53,7 @@ class RerankTopK(NamedTuple):
 def _check_embeddings(img_emb, txt_emb) -> None:
     """Structure only (types, shapes, device, dtype); the values are checked by
     :func:`_check_embedding_values` once every argument's structure has passed."""
-    V.check_tensor(img_emb, "img_emb", 2, finite=False)
-    V.check_tensor(txt_emb, "txt_emb", 2, finite=False)
-    if txt_emb.shape[1] != img_emb.shape[1]:
-        raise ValueError(f"txt_emb must have img_emb's embedding size {img_emb.shape[1]}, "
-                         f"got shape {tuple(txt_emb.shape)}")
-    if txt_emb.device != img_emb.device:
-        raise ValueError(f"txt_emb is on {txt_emb.device} but img_emb is on {img_emb.device}")
-    if txt_emb.dtype != img_emb.dtype:
-        raise TypeError(f"txt_emb must have img_emb's dtype {img_emb.dtype}, got {txt_emb.dtype}")
+    V.check_embedding_pair(img_emb, "img_emb", txt_emb, "txt_emb", same_dtype=True)
 
 
 def _check_embedding_values(img_emb, txt_emb) -> None:
