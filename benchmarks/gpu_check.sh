@@ -97,6 +97,8 @@ step "3. fastrank info"
 step "4. CUDA tests (first)"
 T=$(clamp $(( $(left) - 150 )) "$TESTS_S" 30)
 echo "time limit: $T s"
+# -k cuda: the tests with cuda in their names, and the CUDA test matrix (-k matches marker names
+# too: the cases marked cuda_matrix in tests/test_<op>.py, which tests/conftest.py keeps with a GPU)
 timeout "$T" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests" -k cuda -rs \
   --ignore="$ROOT/tests/test_emulated.py" --ignore="$ROOT/tests/test_cuda_resources.py" \
   --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"

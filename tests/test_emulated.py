@@ -1,8 +1,9 @@
 """The CUDA kernels checked on the CPU by the SIMT emulator (tests/simt, README there).
 
 - ``test_cuda_matrix``: builds csrc/cuda/*.cu against the emulator (cached by a hash of the
-  sources in build/simt) and runs the CUDA test matrix (tests/cuda_matrix) in child
-  processes with the AddressSanitizer runtime preloaded;
+  sources in build/simt) and runs the CUDA test matrix (the tests marked ``cuda_matrix`` of the
+  op test files the table names, tests/_cuda_matrix.py) in child processes with the
+  AddressSanitizer runtime preloaded;
 - the emulator's own checks, each shown firing on a deliberately broken kernel
   (tests/simt/selftest_kernels.cu), and its lane semantics on correct ones;
 - ``test_seeded_mutations_are_caught``: four small bugs planted in a copy of the kernels,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import fastrank
-from fastrank.ops.registry import LOSSES
+from fastrank.ops.registry import NATIVE_OPS
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "simt"))
@@ -35,10 +37,9 @@ import build as simt  # noqa: E402
 
 pytestmark = pytest.mark.emulated
 
-MATRIX = HERE / "cuda_matrix"
-# the matrix files of the table's native ops (src/fastrank/ops/registry.py), in two child
-# processes that run side by side (dealt out in turn: about equal halves)
-MATRIX_FILES = list(dict.fromkeys(row.cuda_matrix for row in LOSSES.values() if row.cuda_matrix))
+# the test files holding the CUDA matrix cases of the table's native ops (src/fastrank/ops/registry.py,
+# ``cuda_matrix``), in two child processes that run side by side (dealt out in turn: about equal halves)
+MATRIX_FILES = list(dict.fromkeys(row.cuda_matrix.format(name=name) for name, row in NATIVE_OPS.items()))
 MATRIX_GROUPS = [MATRIX_FILES[0::2], MATRIX_FILES[1::2]]
 
 
@@ -81,21 +82,30 @@ def _child_env(module: Path) -> dict:
 
 def _run_matrix(module: Path, files, extra=()) -> subprocess.CompletedProcess:
     # --capture=sys: a sanitizer's report, written to file descriptor 2 as the child dies, reaches us
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", *extra, *files]
-    return subprocess.run(cmd, cwd=MATRIX, env=_child_env(module), capture_output=True, text=True, timeout=900)
+    # in tests/, under the rootdir of the checkout: tests/conftest.py (the fixtures) applies
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", "-m", "cuda_matrix",
+           *extra, *files]
+    return subprocess.run(cmd, cwd=HERE, env=_child_env(module), capture_output=True, text=True, timeout=900)
 
 
-def test_every_matrix_file_belongs_to_an_op_of_the_table():
-    """A file of tests/cuda_matrix that no row of the table names would never run."""
-    assert sorted(MATRIX_FILES) == sorted(p.name for p in MATRIX.glob("test_*.py"))
+def _holds_matrix_tests(path: Path) -> bool:
+    """Whether a test file marks tests ``cuda_matrix``."""
+    return re.search(r"\bpytest\.mark\.cuda_matrix\b", path.read_text()) is not None
 
 
-def test_matrix_modules_do_not_shadow_the_other_tests():
-    """On a GPU, tests/cuda_matrix is collected in the same session as tests/ (conftest.py),
-    where pytest imports both folders' test files by their bare module names: a shared name is a
-    collection error ("import file mismatch") that stops every test."""
-    top = {p.stem for p in HERE.glob("*.py")} - {"conftest"}   # pytest keeps each conftest apart
-    assert sorted(p.stem for p in MATRIX.glob("*.py") if p.stem in top) == []
+def test_every_file_the_table_names_holds_matrix_tests():
+    """Each native row's ``cuda_matrix`` file exists and holds tests marked cuda_matrix: a row
+    whose file lost its cases would have none of them run emulated, without a failure."""
+    for name, row in NATIVE_OPS.items():
+        path = HERE / row.cuda_matrix.format(name=name)
+        assert path.is_file() and _holds_matrix_tests(path), (name, path.name)
+
+
+def test_every_file_of_matrix_tests_is_named_by_the_table():
+    """A test file with tests marked cuda_matrix that no row of the table names would never run
+    emulated (only the named files go to the children)."""
+    holding = [p.name for p in HERE.glob("test_*.py") if p.name != Path(__file__).name and _holds_matrix_tests(p)]
+    assert sorted(holding) == sorted(MATRIX_FILES)
 
 
 def test_cuda_matrix(emulated_module):
@@ -228,21 +238,21 @@ MUTATIONS = {
                         "      });\n      const int len = nc - c0 < kChunk ? "
                         "static_cast<int>(nc - c0) : kChunk;\n      for (int cc = 0; cc < len; ++cc) {\n"
                         "        const int64_t c = c0 + cc;",
-                        "test_matrix_smooth_ndcg.py", "values_and_gradients"),
+                        "test_smooth_ndcg.py", "values_and_gradients"),
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",
-                         "test_matrix_kendall.py", "values_and_gradients"),
+                         "test_kendall.py", "values_and_gradients"),
     # a wrong shuffle offset: warp sums (fast_rerank's row sums, the positives' ranks) stop at
     # half warps
     "wrong shuffle offset": ("include/fastrank/common.h",
                              "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
-                             "test_matrix_fast_rerank.py", "values_and_gradients"),
+                             "test_fast_rerank.py", "values_and_gradients"),
     # a wrong stride: the backward stages sim through swapped strides
     "wrong stride": ("cuda/smooth_ndcg.cu",
                      "sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);\n        sh_a",
                      "sh_s[slot][cc] = ok ? load(sim[ii * ss1 + jj * ss0]) : A(0);\n        sh_a",
-                     "test_matrix_smooth_ndcg.py", "values_and_gradients"),
+                     "test_smooth_ndcg.py", "values_and_gradients"),
 }
 
 

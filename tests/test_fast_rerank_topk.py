@@ -1,5 +1,6 @@
 """fast_rerank_topk (docs/spec.md §3): blocked top-k of the fast re-ranking scores from embeddings,
-against fast_rerank on the full matrix + torch.topk, and against a loop oracle."""
+against fast_rerank on the full matrix + torch.topk, and against a loop oracle; its case of the
+CUDA test matrix."""
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 import _cuda_checks
 import fastrank
+from _cuda_matrix import each_schedule
 from fastrank.ops.fast_rerank_topk import RerankTopK
 
 CUDA = fastrank.backends()["cuda_available"]
@@ -212,3 +214,23 @@ def test_cuda_default_path_has_no_host_sync(monkeypatch):
     monkeypatch.setenv("FASTRANK_CHECK_FINITE", "1")    # the debugging switch raises on CUDA too
     with pytest.raises(ValueError, match="img_emb"):
         fastrank.fast_rerank_topk(bad, txt, 5, block=64)
+
+
+# ---- CUDA test matrix (marked cuda_matrix) -------------------------------------------------------
+# fast_rerank_topk's statistics kernel (fast_rerank_lse) against the reference,
+# with the checks of tests/_cuda_matrix.py: on a GPU, or emulated on the CPU by
+# tests/test_emulated.py; deselected where neither can run (tests/conftest.py).
+@pytest.mark.cuda_matrix
+def test_topk_statistics_path(device):
+    """fast_rerank_topk's statistics kernel (fast_rerank_lse) in tiles of rows."""
+    g = torch.Generator().manual_seed(8)
+    img = torch.nn.functional.normalize(torch.randn(37, 16, generator=g, dtype=torch.float64), dim=1)
+    txt = torch.nn.functional.normalize(torch.randn(53, 16, generator=g, dtype=torch.float64), dim=1)
+    got = each_schedule(lambda: tuple(fastrank.fast_rerank_topk(img.to(device), txt.to(device), 5, block=10,
+                                                                impl="native")))
+    want = fastrank.fast_rerank_topk(img, txt, 5, block=10, impl="reference")
+    for a, b in zip(got, want):
+        if a.is_floating_point():
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-9)
+        else:
+            assert torch.equal(a.cpu(), b)

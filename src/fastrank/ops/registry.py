@@ -45,7 +45,8 @@ class Loss:
     combined: a term of CombinedLoss (takes ``sim`` first, returns a loss).
     compat: the compat tables it is a listwise term of: ``"open_clip"`` (graded relevance and
         a mask, ClipLoss's ``listwise=``), ``"sentence_transformers"`` (InBatchListwiseLoss).
-    cuda_matrix: its file of the CUDA test matrix (tests/cuda_matrix/), run on the emulator.
+    cuda_matrix: for a native row, the file of tests/ with its cases of the CUDA test matrix (the tests
+        marked ``cuda_matrix``, run emulated by tests/test_emulated.py); ``{name}`` is the row's name.
     floor: an op with native kernels: the work no implementation of it avoids, declared with
         its glue (src/fastrank/ops/_floor.py); the benchmarks measure against it.
     """
@@ -55,7 +56,7 @@ class Loss:
     contract: Optional[Contract] = None
     combined: bool = True
     compat: Tuple[str, ...] = ()
-    cuda_matrix: str = ""
+    cuda_matrix: str = "test_{name}.py"
     no_module: str = ""
     floor: Optional[Callable[[str, dict, int], dict]] = None
 
@@ -81,21 +82,19 @@ class Loss:
 LOSSES: Dict[str, Loss] = {row.name: row for row in (
     Loss("triplet", _triplet.triplet_loss, _triplet.TripletLoss),
     Loss("smooth_ndcg", _smooth_ndcg.smooth_ndcg_loss, _smooth_ndcg.SmoothNDCGLoss, _smooth_ndcg.CONTRACT,
-         floor=_smooth_ndcg.floor, compat=("open_clip", "sentence_transformers"), cuda_matrix="test_matrix_smooth_ndcg.py"),
+         floor=_smooth_ndcg.floor, compat=("open_clip", "sentence_transformers")),
     Loss("smooth_ap", _smooth_ap.smooth_ap_loss, _smooth_ap.SmoothAPLoss, _smooth_ap.CONTRACT,
-         floor=_smooth_rank.floor, compat=("sentence_transformers",), cuda_matrix="test_matrix_smooth_ap.py"),
+         floor=_smooth_rank.floor, compat=("sentence_transformers",)),
     Loss("recall_at_k", _recall_at_k.recall_at_k_loss, _recall_at_k.RecallAtKLoss, _recall_at_k.CONTRACT,
-         floor=_smooth_rank.floor, cuda_matrix="test_matrix_smooth_ap.py"),
-    Loss("kendall", _kendall.kendall_loss, _kendall.KendallLoss, _kendall.CONTRACT, floor=_kendall.floor, compat=("open_clip",),
-         cuda_matrix="test_matrix_kendall.py"),
+         floor=_smooth_rank.floor, cuda_matrix="test_smooth_ap.py"),
+    Loss("kendall", _kendall.kendall_loss, _kendall.KendallLoss, _kendall.CONTRACT, floor=_kendall.floor, compat=("open_clip",)),
     Loss("kendall_sw", _kendall_sw.kendall_sw_loss, _kendall_sw.KendallSWLoss, _kendall_sw.CONTRACT,
-         floor=_kendall_sw.floor, compat=("sentence_transformers",), cuda_matrix="test_matrix_kendall_sw.py"),
+         floor=_kendall_sw.floor, compat=("sentence_transformers",)),
     Loss("ladder", _ladder.ladder_loss, _ladder.LadderLoss),
     Loss("topk", _topk.topk_loss, _topk.TopKLoss),
     Loss("fast_rerank", _fast_rerank.fast_rerank, _fast_rerank.FastRerank, _fast_rerank.CONTRACT, combined=False,
-         floor=_fast_rerank.floor, cuda_matrix="test_matrix_fast_rerank.py"),
+         floor=_fast_rerank.floor),
     Loss("fast_rerank_topk", _fast_rerank_topk.fast_rerank_topk, None, _fast_rerank_topk.CONTRACT, combined=False,
-         cuda_matrix="test_matrix_fast_rerank.py",
          no_module="a retrieval step over embeddings, not a loss: it has no state and no gradient"),
     Loss("variance_weighted", _dvse.variance_weighted_loss, _dvse.VarianceWeightedLoss, combined=False),
     Loss("orthogonal", _dvse.orthogonal_loss, _dvse.OrthogonalLoss, combined=False),

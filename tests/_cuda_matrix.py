@@ -1,7 +1,22 @@
-"""What every loss of the CUDA test matrix is checked for (see conftest.py).
+"""The CUDA test matrix's shared checks, and the SIMT emulator's controls.
 
-The emulator's controls (schedules, launch log) live here too. A loss case is
-``loss_fn(s, r, direction, reduction, mask)`` with impl="native" on the target
+The matrix is every CUDA kernel's values and gradients against the reference: the tests
+marked ``cuda_matrix`` at the end of each op's tests/test_<op>.py. They run in one of two ways:
+
+- emulated, on the CPU: tests/test_emulated.py builds the CUDA kernels against the SIMT
+  emulator (tests/simt) and runs the files the table's rows name (``cuda_matrix``,
+  src/fastrank/ops/registry.py) with ``-m cuda_matrix`` in child processes, the sanitizers'
+  runtime preloaded and ``FASTRANK_SIMT_MODULE`` naming the module. Importing this module
+  then loads that module and reroutes the CUDA path of every op onto CPU tensors
+  (``fastrank._native.emulate_cuda``); every case runs under several thread/block
+  schedules, whose outputs must be bit-identical;
+- on a GPU, in the same session as the other tests: the same cases on CUDA tensors, each run
+  twice (the kernels are deterministic: bit-identical again).
+
+With neither, tests/conftest.py deselects them. Without ``FASTRANK_SIMT_MODULE`` importing
+this module loads nothing emulated.
+
+A loss case is ``loss_fn(s, r, direction, reduction, mask)`` with impl="native" on the target
 device and the same call with impl="reference" on float64 CPU tensors. ``check_loss``
 compares values and the gradient of a weighted sum of the per-query losses (or of the
 reduced loss), under every schedule.
@@ -29,7 +44,7 @@ SCHEDULES = [(0, 0, 0xFF), (1, 0, 0x7F), (2, 12345, 0x00)]
 
 _lib = None
 if EMULATED:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simt"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "simt"))
     import build as simt_build  # noqa: E402
 
     _module = simt_build.load(Path(MODULE))
