@@ -432,9 +432,9 @@ def test_percall_plan_keeps_the_sizes_between_min_n_and_max_n(bench):
 
 
 def test_percall_times_another_checkout_beside_this_one(bench, tmp_path):
-    """--before DIR: the same step on the same inputs, with fastrank imported from DIR in a
-    child process (here a copy of the fastrank in use, so both columns run the same code),
-    recorded as the `before` column with DIR's path in the configuration."""
+    """--before DIR: the same step on the same inputs in child processes, with fastrank imported
+    from DIR (here a copy of the fastrank in use, so both run the same code) and from this
+    checkout, recorded as the `before` and `after` columns with DIR's path in the configuration."""
     import shutil
 
     import fastrank
@@ -448,7 +448,7 @@ def test_percall_times_another_checkout_beside_this_one(bench, tmp_path):
          "--before", str(other), "--out", str(tmp_path)])
     final = bench.cases.CASES["percall"].run(args, torch.device("cpu"), lambda p: None)
     cells = {r["impl"]: r for r in final["results"]}
-    assert set(cells) == {"native", "before"}
+    assert set(cells) == {"native", "before", "after"}
     for r in cells.values():
         assert r["status"] == "ok", (r["reason"], r.get("traceback"))
         assert r["time"]["median_s"] > 0

@@ -20,11 +20,12 @@ direction="both", reduction="mean", for every op of ops.py with ``percall_sizes`
 - ``cuda_graph`` (CUDA only): the native step captured once in a CUDA graph (torch's
   whole-network recipe: three warm-up steps on a side stream, grads set to None, capture);
   ``graph.replay()`` is timed; a capture failure is the result;
-- ``before`` (with ``--before DIR``): the native step of another fastrank, the checkout DIR
-  with its native module built in place (``python setup.py build_ext --inplace`` there), on
-  the same inputs with the same timing, in a child process per cell that imports fastrank
-  from DIR: a change's before and after in one run on one machine (``before/native`` > 1:
-  the change made the call faster).
+- ``before`` and ``after`` (with ``--before DIR``): the native step of another fastrank, the
+  checkout DIR with its native module built in place (``python setup.py build_ext --inplace``
+  there), and of this one, each in a fresh child process per cell, on the same inputs with the
+  same timing: a change's before and after in one run on one machine (``before/after`` > 1:
+  the change made the call faster). Both are children, since a fresh process times a call
+  a few microseconds apart from this long-lived one.
 
 Timing: timing.autorange (samples of k back-to-back calls; median per call over the
 samples). The cheap columns of every size run first, breadth-first, and the compilations
@@ -58,9 +59,11 @@ from ..results import loadavg, machine_info
 from ..tables import fmt_bytes, fmt_time
 from ..timing import autorange, sync
 
-COLUMNS = ("native", "reference", "compiled", "trivial", "cuda_graph", "before")
-RATIOS = ["native/trivial", "reference/native", "compiled/native", "native/cuda_graph", "before/native"]
+COLUMNS = ("native", "reference", "compiled", "trivial", "cuda_graph", "before", "after")
+RATIOS = ["native/trivial", "reference/native", "compiled/native", "native/cuda_graph", "before/after"]
+CHILD_COLUMNS = ("before", "after")
 ROOT = Path(__file__).resolve().parents[2]
+THIS_TREE = Path(fastrank.__file__).resolve().parent.parent   # where the after column imports fastrank from
 QUICK_SKIP = "not run in --quick (torch.compile takes about a minute)"
 
 
@@ -138,8 +141,8 @@ def _graph_step(loss, inputs, device):
     return step
 
 
-# The `before` column's child: the step of native_loss's call (the function and keywords of
-# the op's native partial) on the parent's inputs, fastrank imported from the other checkout.
+# The child of the before / after columns: the step of the op's native call (the function and
+# keywords of its native partial) on the parent's inputs, fastrank imported from one checkout.
 BEFORE_CHILD = r"""
 import json, sys, torch
 args = json.loads(sys.argv[1])
@@ -173,7 +176,7 @@ def before_tree_info(tree: Path) -> dict:
     return {"path": str(tree), "commit": head.stdout.strip() or None}
 
 
-def _before(op: Op, inputs, st: "Settings", tree: Path) -> dict:
+def _in_child(op: Op, inputs, st: "Settings", tree: Path) -> dict:
     """The native step of the fastrank in `tree` on these inputs, timed in a child process."""
     native = op.impls["native"]()
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,10 +188,10 @@ def _before(op: Op, inputs, st: "Settings", tree: Path) -> dict:
         res = subprocess.run([sys.executable, "-c", BEFORE_CHILD, json.dumps(args)], capture_output=True,
                              text=True, env=env, timeout=600)
     if res.returncode != 0:
-        raise RuntimeError("the before tree's step failed: " + res.stderr.strip().splitlines()[-1][:300])
+        raise RuntimeError(f"the step of the fastrank in {tree} failed: " + res.stderr.strip().splitlines()[-1][:300])
     rec = json.loads(res.stdout.strip().splitlines()[-1])
     if not Path(rec.pop("fastrank_file")).resolve().is_relative_to(tree.resolve()):
-        raise RuntimeError(f"the before child imported a fastrank outside {tree}")
+        raise RuntimeError(f"the child imported a fastrank outside {tree}")
     return rec
 
 
@@ -232,7 +235,7 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
             raise _Skip(op.missing())
         if impl == "cuda_graph" and device.type != "cuda":
             raise _Skip("CUDA only")
-        if impl == "before" and (before is None or device.type != "cpu"):
+        if impl in CHILD_COLUMNS and (before is None or device.type != "cpu"):
             raise _Skip("needs --before DIR (CPU)")
         now = time.monotonic()
         if st.deadline is not None and now > st.deadline:
@@ -255,9 +258,9 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
             step = _step(_trivial, inputs)
         elif impl == "cuda_graph":
             step = _graph_step(_scalar(op, op.impls["native"]()), inputs, device)
-        elif impl == "before":
+        elif impl in CHILD_COLUMNS:
             step = None
-            rec.update(_before(op, inputs, st, before))
+            rec.update(_in_child(op, inputs, st, before if impl == "before" else THIS_TREE))
         else:
             step, compile_s = compiled.step(op, inputs, rec)
         if step is not None:
@@ -287,7 +290,7 @@ def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None, min_n
              for op in ops}
     rounds = max((len(v) for v in sizes.values()), default=0)
     out = []
-    for phase in (("native", "before", "trivial", "cuda_graph", "reference"), ("compiled",)):
+    for phase in (("native", "before", "after", "trivial", "cuda_graph", "reference"), ("compiled",)):
         for i in range(rounds):
             for op in ops:
                 if i < len(sizes[op.name]):
@@ -313,14 +316,14 @@ def run(args, device, save):
             raise SystemExit(f"percall: unknown op(s) {unknown}; choose from {', '.join(op.name for op in ops)}")
         ops = [op for op in ops if op.name in args.ops]
     before = Path(args.before) if args.before else None
-    columns = args.impls or [c for c in COLUMNS if c != "before" or before is not None]
+    columns = args.impls or [c for c in COLUMNS if c not in CHILD_COLUMNS or before is not None]
     bad = [c for c in columns if c not in COLUMNS]
     if bad:
         raise SystemExit(f"percall: unknown column(s) {bad}; choose from {', '.join(COLUMNS)}")
-    if "before" in columns and (before is None or device.type != "cpu"):
-        raise SystemExit("percall: the before column needs --before DIR and the CPU")
-    if before is not None and "before" not in columns:
-        columns.append("before")
+    if any(c in columns for c in CHILD_COLUMNS) and (before is None or device.type != "cpu"):
+        raise SystemExit("percall: the before and after columns need --before DIR and the CPU")
+    if before is not None:
+        columns += [c for c in CHILD_COLUMNS if c not in columns]
     if device.type != "cuda":
         columns = [c for c in columns if c != "cuda_graph"]
     elif device.index is not None:      # "cuda" alone is the current device already
@@ -368,8 +371,8 @@ def run(args, device, save):
     if before is not None:
         info = conf["before"]
         report["method"].append(f"before: the native step of the fastrank in {info['path']} "
-                                f"({info['commit'] or 'not a git checkout'}), on the same inputs, "
-                                f"timed in a child process per cell")
+                                f"({info['commit'] or 'not a git checkout'}); after: of this one; each "
+                                f"on the same inputs, timed in a fresh child process per cell")
 
     def current(done):
         order = {c: i for i, c in enumerate(COLUMNS)}

@@ -78,7 +78,7 @@ def call(name: str, like: torch.Tensor, *args):
     emulated = emulated_cuda()
     if emulated is not None:
         return getattr(emulated, name)(code, *args, 0)  # the emulator runs every launch at once
-    return getattr(module_for(like), name)(code, *args)
+    return getattr(cpu_module(), name)(code, *args)
 
 
 def mask_args(mask):

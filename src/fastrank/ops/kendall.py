@@ -125,9 +125,9 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     alpha, direction, reduction = _check_hyper(alpha, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance)
-    acc = acc_dtype(sim.dtype)
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
+        acc = acc_dtype(sim.dtype)
         return kendall_reference(sim.to(acc), relevance.to(acc), alpha, direction, reduction, mask)
     return KENDALL(sim, relevance, mask, alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
