@@ -41,8 +41,8 @@ void fastrank::register_kernels(py::module_& m) {
   fastrank::bindings::export_constants(m);
 
   namespace k = fastrank::cpu;
-  m.def("fast_rerank_workspace", &k::fast_rerank_workspace);
 #define FASTRANK_BACKEND k
+  FASTRANK_CPU_SIZES(FASTRANK_BIND_SIZE)
   FASTRANK_ENTRY_POINTS(FASTRANK_BIND_ENTRY)
 #undef FASTRANK_BACKEND
 }

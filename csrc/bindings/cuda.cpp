@@ -42,13 +42,9 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("archs", [] { return std::string(FASTRANK_CUDA_ARCHS); });
   m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
   fastrank::bindings::export_constants(m);
-  // the forward-only device buffers of the CUDA kernels (accumulation-type elements)
-  m.def("smooth_ndcg_partials_numel", &fastrank::cuda::smooth_ndcg_partials_numel);
-  m.def("smooth_rank_partials_numel", &fastrank::smooth_rank_partials_numel);
-
   namespace k = fastrank::cuda;
-  m.def("fast_rerank_workspace", &k::fast_rerank_workspace);
 #define FASTRANK_BACKEND k
+  FASTRANK_CUDA_SIZES(FASTRANK_BIND_SIZE)  // incl. the forward-only device buffers (accumulation-type elements)
   FASTRANK_ENTRY_POINTS(FASTRANK_BIND_ENTRY)
 #undef FASTRANK_BACKEND
 }

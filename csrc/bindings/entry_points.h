@@ -2,7 +2,8 @@
 // and backward, declared in the op headers below. cpu.cpp binds it over fastrank::cpu,
 // cuda.cpp over fastrank::cuda, each entry with fill.h's `bind` under its function's name
 // (the parameter struct is the entry point's argument type, per backend).
-// A new op adds its header and its entry points here (and nothing in cpu.cpp / cuda.cpp).
+// A new op adds its header, its entry points and any buffer size Python asks for here (and
+// nothing in cpu.cpp / cuda.cpp).
 #pragma once
 
 #include "fastrank/fast_rerank.h"
@@ -26,6 +27,17 @@
   X(fast_rerank_lse)             \
   X(fast_rerank_forward)         \
   X(fast_rerank_backward)
+
+// X(function): the buffer sizes a backend's kernels need that Python asks the module for
+// (elements of one call's buffer, <backend>::function(n, m[, direction])).
+#define FASTRANK_CPU_SIZES(X) X(fast_rerank_workspace)
+#define FASTRANK_CUDA_SIZES(X) \
+  X(fast_rerank_workspace)      \
+  X(smooth_ndcg_partials_numel) \
+  X(smooth_rank_partials_numel)
+
+// One size function of the backend namespace FASTRANK_BACKEND into the module `m`.
+#define FASTRANK_BIND_SIZE(function) m.def(#function, &FASTRANK_BACKEND::function);
 
 // One entry point of the backend namespace FASTRANK_BACKEND (which the binding defines around
 // the expansion) into the module `m`.

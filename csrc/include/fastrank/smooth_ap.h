@@ -45,6 +45,7 @@ void smooth_rank_backward(const SmoothRankBackward& p);
 }  // namespace cpu
 
 namespace cuda {
+using ::fastrank::smooth_rank_partials_numel;  // smooth_rank.h: bound with the CUDA module's sizes
 // Entry points return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
 // `partials`: smooth_rank_partials_numel(n, m, direction) accumulation-type elements, used
 // by the forward only (the ranks and coefficients of the positives).
