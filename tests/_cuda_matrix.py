@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+import pytest
 import torch
 
 from fastrank import _native
@@ -250,3 +251,47 @@ def launches(call) -> list:
     clear_launch_log()
     call()
     return [k for k, _, _ in launch_log()]
+
+
+class GradedLossCases:
+    """The CUDA matrix cases every loss over (sim, graded relevance) shares: smooth-NDCG,
+    Kendall and Kendall SW-HS. An op's test file subclasses it as ``TestGradedLossMatrix``
+    with its ``native`` and ``reference`` calls (``loss_fn(s, r, direction, reduction, mask)``,
+    as staticmethods), the relevance ``levels`` of its cases (0: continuous) and whether it
+    takes a ``mask``."""
+    pytestmark = [pytest.mark.cuda_matrix]
+    native: Callable
+    reference: Callable
+    levels = 0
+    masks = True
+
+    @pytest.mark.parametrize("how", ["transposed", "strided"])
+    def test_transposed_and_strided_inputs(self, device, how):
+        sim, rel = case(18, 23, seed=4, levels=self.levels)
+        s, r = layout(sim, how, device), layout(rel, how, device)
+        if not self.masks:
+            check_loss(self.native, self.reference, s, r, "both", "none", dtype=torch.float64, device=device)
+            return
+        mask = torch.rand(18, 23, generator=torch.Generator().manual_seed(4)) > 0.3
+        mk = layout(mask, how, device)
+        for reduction in ("none", "mean"):
+            check_loss(self.native, self.reference, s, r, "both", reduction, mk, dtype=torch.float64, device=device)
+
+    @pytest.mark.parametrize("grad_layout", ["expanded", "strided"])
+    def test_strided_grad_output(self, device, grad_layout):
+        sim, rel = case(17, 20, seed=5, levels=self.levels)
+        check_loss(self.native, self.reference, sim, rel, "both", "none", dtype=torch.float64, device=device,
+                   grad_layout=grad_layout)
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+    def test_half_precision_error_bound(self, device, dtype):
+        sim, rel = case(24, 20, seed=7, levels=self.levels)
+        kern, ref = low_precision_errors(self.native, self.reference, sim, rel, dtype, device)
+        assert kern <= 2 * ref + 1e-12, (kern, ref)
+
+    @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+    @pytest.mark.parametrize("where", ["sim", "relevance"])
+    def test_nonfinite_propagates(self, device, no_finite_check, bad, where):
+        sim, rel = case(9, 11, seed=9)
+        (sim if where == "sim" else rel)[2, 3] = bad
+        check_nonfinite_propagates(self.native, sim, rel, device)

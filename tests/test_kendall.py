@@ -6,8 +6,8 @@ import torch
 
 import _cuda_checks
 import fastrank
-from _cuda_matrix import (EMULATED, SCHEDULES, case, check_loss, check_nonfinite_propagates, dry_run_launches,
-                          each_schedule, launches, layout, low_precision_errors)
+from _cuda_matrix import (EMULATED, SCHEDULES, GradedLossCases, case, check_loss, dry_run_launches, each_schedule,
+                          launches)
 from fastrank.ops.kendall import kendall_op
 
 CUDA = fastrank.backends()["cuda_available"]
@@ -657,24 +657,6 @@ def test_every_direction_and_reduction(device, direction, reduction):
 
 
 @pytest.mark.cuda_matrix
-@pytest.mark.parametrize("how", ["transposed", "strided"])
-def test_transposed_and_strided_inputs(device, how):
-    sim, rel = case(18, 23, seed=4, levels=5)
-    mask = torch.rand(18, 23, generator=torch.Generator().manual_seed(4)) > 0.3
-    s, r, mk = layout(sim, how, device), layout(rel, how, device), layout(mask, how, device)
-    for reduction in ("none", "mean"):
-        check_loss(native, reference, s, r, "both", reduction, mk, dtype=torch.float64, device=device)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("grad_layout", ["expanded", "strided"])
-def test_strided_grad_output(device, grad_layout):
-    sim, rel = case(17, 20, seed=5, levels=5)
-    check_loss(native, reference, sim, rel, "both", "none", dtype=torch.float64, device=device,
-               grad_layout=grad_layout)
-
-
-@pytest.mark.cuda_matrix
 def test_mask_with_empty_rows_and_columns(device):
     sim, rel = case(20, 35, seed=6, levels=3)
     mask = torch.rand(20, 35, generator=torch.Generator().manual_seed(6)) > 0.4
@@ -698,23 +680,6 @@ def test_relevance_in_the_accumulation_type(device):
 
 
 @pytest.mark.cuda_matrix
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_error_bound(device, dtype):
-    sim, rel = case(24, 20, seed=7, levels=5)
-    kern, ref = low_precision_errors(native, reference, sim, rel, dtype, device)
-    assert kern <= 2 * ref + 1e-12, (kern, ref)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("where", ["sim", "relevance"])
-def test_nonfinite_propagates(device, no_finite_check, bad, where):
-    sim, rel = case(9, 11, seed=9)
-    (sim if where == "sim" else rel)[2, 3] = bad
-    check_nonfinite_propagates(native, sim, rel, device)
-
-
-@pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 def test_launches_per_call(device):
     sim, rel = case(40, 30, seed=10)
@@ -732,3 +697,10 @@ def test_many_queries_fit_the_grid(device, no_finite_check):
     shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
     assert [k for k, _, _ in shapes] == ["kendall_kernel", "reduce_queries_kernel", "kendall_backward_kernel"]
     assert shapes[0][1] == (300_002, 1, 1) and shapes[2][1] == ((600_000 + 255) // 256, 1, 1)
+
+
+class TestGradedLossMatrix(GradedLossCases):
+    """The cases every graded loss shares (tests/_cuda_matrix.py), on kendall's calls."""
+    native = staticmethod(native)
+    reference = staticmethod(reference)
+    levels = 5

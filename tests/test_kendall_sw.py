@@ -7,8 +7,7 @@ import torch
 
 import _cuda_checks
 import fastrank
-from _cuda_matrix import (EMULATED, SCHEDULES, case, check_loss, check_nonfinite_propagates, dry_run_launches, layout,
-                          low_precision_errors)
+from _cuda_matrix import EMULATED, SCHEDULES, GradedLossCases, case, check_loss, dry_run_launches
 from fastrank.ops.kendall_sw import kendall_sw_backward_op, kendall_sw_op
 from fastrank.reference.kendall_sw import edge_tensors, kendall_sw_per_query, sw_edges
 
@@ -600,39 +599,6 @@ def test_label_range_and_ties(device):
 
 
 @pytest.mark.cuda_matrix
-@pytest.mark.parametrize("how", ["transposed", "strided"])
-def test_transposed_and_strided_inputs(device, how):
-    sim, rel = case(18, 23, seed=4)
-    s, r = layout(sim, how, device), layout(rel, how, device)
-    check_loss(native, reference, s, r, "both", "none", dtype=torch.float64, device=device)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("grad_layout", ["expanded", "strided"])
-def test_strided_grad_output(device, grad_layout):
-    sim, rel = case(17, 20, seed=5)
-    check_loss(native, reference, sim, rel, "both", "none", dtype=torch.float64, device=device,
-               grad_layout=grad_layout)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_error_bound(device, dtype):
-    sim, rel = case(24, 20, seed=7)
-    kern, ref = low_precision_errors(native, reference, sim, rel, dtype, device)
-    assert kern <= 2 * ref + 1e-12, (kern, ref)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("where", ["sim", "relevance"])
-def test_nonfinite_propagates(device, no_finite_check, bad, where):
-    sim, rel = case(9, 11, seed=9)
-    (sim if where == "sim" else rel)[2, 3] = bad
-    check_nonfinite_propagates(native, sim, rel, device)
-
-
-@pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
 def test_many_columns_fit_the_grid(device):
     """More than 2,097,120 columns: the backward's 65535-tile gridDim.y limit is gone (the
@@ -643,3 +609,10 @@ def test_many_columns_fit_the_grid(device):
     assert [k for k, _, _ in shapes] == ["sw_forward_kernel", "reduce_queries_kernel", "sw_backward_kernel"]
     assert shapes[0][1] == (1 + m, 1, 1)
     assert shapes[2][1] == ((m + 31) // 32, 1, 1)
+
+
+class TestGradedLossMatrix(GradedLossCases):
+    """The cases every graded loss shares (tests/_cuda_matrix.py), on kendall_sw's calls."""
+    native = staticmethod(native)
+    reference = staticmethod(reference)
+    masks = False  # no mask argument

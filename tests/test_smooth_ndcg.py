@@ -7,8 +7,8 @@ import torch
 
 import _cuda_checks
 import fastrank
-from _cuda_matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, case, check_loss, check_nonfinite_propagates,
-                          dry_run_launches, each_schedule, launches, layout, low_precision_errors)
+from _cuda_matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, GradedLossCases, case, check_loss,
+                          dry_run_launches, each_schedule, launches)
 from fastrank.ops.smooth_ndcg import smooth_ndcg_backward_op, smooth_ndcg_op
 from fastrank.reference.smooth_ndcg import smooth_ndcg_per_query
 
@@ -813,24 +813,6 @@ def test_every_direction_and_reduction(device, direction, reduction):
 
 
 @pytest.mark.cuda_matrix
-@pytest.mark.parametrize("how", ["transposed", "strided"])
-def test_transposed_and_strided_inputs(device, how):
-    sim, rel = case(18, 23, seed=4)
-    mask = torch.rand(18, 23, generator=torch.Generator().manual_seed(4)) > 0.3
-    s, r, mk = layout(sim, how, device), layout(rel, how, device), layout(mask, how, device)
-    for reduction in ("none", "mean"):
-        check_loss(native, reference, s, r, "both", reduction, mk, dtype=torch.float64, device=device)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("grad_layout", ["expanded", "strided"])
-def test_strided_grad_output(device, grad_layout):
-    sim, rel = case(17, 20, seed=5)
-    check_loss(native, reference, sim, rel, "both", "none", dtype=torch.float64, device=device,
-               grad_layout=grad_layout)
-
-
-@pytest.mark.cuda_matrix
 def test_mask_with_empty_rows_and_columns(device):
     sim, rel = case(20, 35, seed=6, levels=3)
     mask = torch.rand(20, 35, generator=torch.Generator().manual_seed(6)) > 0.4
@@ -854,14 +836,6 @@ def test_ties_large_magnitudes_and_temperatures(device):
 
 
 @pytest.mark.cuda_matrix
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_error_bound(device, dtype):
-    sim, rel = case(24, 20, seed=7)
-    kern, ref = low_precision_errors(native, reference, sim, rel, dtype, device)
-    assert kern <= 2 * ref + 1e-12, (kern, ref)
-
-
-@pytest.mark.cuda_matrix
 def test_relevance_read_in_the_accumulation_type(device):
     """bfloat16 scores with float32 graded labels: the kernel must not round the labels to
     bfloat16 (that moves the per-query loss by up to ~1e-3)."""
@@ -874,15 +848,6 @@ def test_relevance_read_in_the_accumulation_type(device):
     got = each_schedule(lambda: native(s.to(device), rel.to(device), "both", "none", None))[0].double().cpu()
     assert (rounded - exact).abs().max() > 1e-4  # the rounding would be visible
     torch.testing.assert_close(got, exact, rtol=0, atol=2e-5)
-
-
-@pytest.mark.cuda_matrix
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("where", ["sim", "relevance"])
-def test_nonfinite_propagates(device, no_finite_check, bad, where):
-    sim, rel = case(9, 11, seed=9)
-    (sim if where == "sim" else rel)[2, 3] = bad
-    check_nonfinite_propagates(native, sim, rel, device)
 
 
 @pytest.mark.cuda_matrix
@@ -904,3 +869,9 @@ def test_many_short_lists_fit_the_grid(device):
     shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
     assert [k for k, _, _ in shapes] == ["forward_tiles", "finalize", "backward_tiles"]
     assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
+
+
+class TestGradedLossMatrix(GradedLossCases):
+    """The cases every graded loss shares (tests/_cuda_matrix.py), on smooth_ndcg's calls."""
+    native = staticmethod(native)
+    reference = staticmethod(reference)
