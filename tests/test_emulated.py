@@ -39,7 +39,7 @@ pytestmark = pytest.mark.emulated
 
 # the test files holding the CUDA matrix cases of the table's native ops (src/fastrank/ops/registry.py,
 # ``cuda_matrix``), in two child processes that run side by side (dealt out in turn: about equal halves)
-MATRIX_FILES = list(dict.fromkeys(row.cuda_matrix.format(name=name) for name, row in NATIVE_OPS.items()))
+MATRIX_FILES = list(dict.fromkeys(row.matrix_file for row in NATIVE_OPS.values()))
 MATRIX_GROUPS = [MATRIX_FILES[0::2], MATRIX_FILES[1::2]]
 
 
@@ -94,10 +94,10 @@ def _holds_matrix_tests(path: Path) -> bool:
 
 
 def test_every_file_the_table_names_holds_matrix_tests():
-    """Each native row's ``cuda_matrix`` file exists and holds tests marked cuda_matrix: a row
+    """Each native row's matrix file exists and holds tests marked cuda_matrix: a row
     whose file lost its cases would have none of them run emulated, without a failure."""
     for name, row in NATIVE_OPS.items():
-        path = HERE / row.cuda_matrix.format(name=name)
+        path = HERE / row.matrix_file
         assert path.is_file() and _holds_matrix_tests(path), (name, path.name)
 
 

@@ -45,8 +45,8 @@ class Loss:
     combined: a term of CombinedLoss (takes ``sim`` first, returns a loss).
     compat: the compat tables it is a listwise term of: ``"open_clip"`` (graded relevance and
         a mask, ClipLoss's ``listwise=``), ``"sentence_transformers"`` (InBatchListwiseLoss).
-    cuda_matrix: for a native row, the file of tests/ with its cases of the CUDA test matrix (the tests
-        marked ``cuda_matrix``, run emulated by tests/test_emulated.py); ``{name}`` is the row's name.
+    cuda_matrix: for a native row whose cases of the CUDA test matrix are not in its own
+        tests/test_<name>.py, the file of tests/ that holds them (:attr:`matrix_file`).
     floor: an op with native kernels: the work no implementation of it avoids, declared with
         its glue (src/fastrank/ops/_floor.py); the benchmarks measure against it.
     """
@@ -56,9 +56,15 @@ class Loss:
     contract: Optional[Contract] = None
     combined: bool = True
     compat: Tuple[str, ...] = ()
-    cuda_matrix: str = "test_{name}.py"
+    cuda_matrix: str = ""
     no_module: str = ""
     floor: Optional[Callable[[str, dict, int], dict]] = None
+
+    @property
+    def matrix_file(self) -> str:
+        """The file of tests/ with the row's CUDA test matrix cases (the tests marked
+        ``cuda_matrix``, run emulated by tests/test_emulated.py)."""
+        return self.cuda_matrix or f"test_{self.name}.py"
 
     # the contract's view of a native row (tests/test_contract.py)
     @property
