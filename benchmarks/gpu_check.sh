@@ -8,16 +8,17 @@
 #      runs anyway), at most GPU_CHECK_TESTS_S (default 180) s;
 #   5. the floors and per-call cases (python -m benchmarks floors percall --device cuda: the
 #      GPU's copy, exp, FMA and matmul rates; one forward+backward call at N = 4 .. 512, native /
-#      trivial / reference / CUDA graph, then torch.compile with the time left), at most
-#      GPU_CHECK_PERCALL_S (default 100) s;
-#      then the same at N = 128 alone for smooth_ndcg, kendall and kendall_sw against
-#      torch.compile (their per-call targets), at most GPU_CHECK_COMPILED_S (default 90) s;
+#      trivial / reference / CUDA graph), at most GPU_CHECK_PERCALL_S (default 100) s;
+#      then N = 128 alone for smooth_ndcg, kendall and kendall_sw against torch.compile (their
+#      per-call targets; each compilation takes 35 to 75 s on an H100 machine's host), at most
+#      GPU_CHECK_COMPILED_S (default 150) s;
 #   6. kernel profiles: Nsight Compute (ncu, when present) over one call of the ops furthest
 #      from their floors (benchmarks/profile_call.py; speed of light, memory workload,
 #      occupancy), one CSV each, at most GPU_CHECK_PROFILE_S (default 120) s in all;
 #   7. the smooth-rank engine in float32 and bfloat16 (python -m benchmarks sweep --impls native
 #      --ops smooth_ap,smooth_ap_classes,recall_at_k, once per dtype), at most GPU_CHECK_DTYPE_S
 #      (default 40) s each;
+#      then smooth_ndcg forward+backward at N = 4096 alone (its large-N target), at most 60 s;
 #   8. the slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
 #      (default 60) s;
 #   9. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
@@ -28,11 +29,13 @@
 # Everything (logs, results JSON, markdown, PNG plots) goes under one folder:
 #   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/gpu-check-<date>)
 # The result files (cuda-<date>-<case>.json, .md, .png) are in the one layout: copy them to
-# benchmarks/results/ to publish them (python -m benchmarks report then draws the README tables).
+# benchmarks/results/ to publish them (python -m benchmarks report then draws the README tables),
+# and the profiles (cuda-<date>-ncu-<op>-<n>-<direction>-<dtype>.csv) to benchmarks/results/profiles/.
 # Needs: python with a CUDA build of torch, nvcc, cmake, ninja (optional), setuptools, pybind11.
 # On a machine whose python is python3 and that returns few files (the device tool: 8 at most):
 #   PYTHON=python3 PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh /tmp/gc; tar czf "$OUT/gc.tgz" -C /tmp gc
-# Exit status: 0 when every step passed; otherwise the number of the first failed step
+# Exit status: 0 when every step passed (a step cut by its time limit is reported as cut, not
+# failed: it keeps what it measured); otherwise the number of the first failed step
 # (the step numbers above); after a failure from step 2 on, later steps still run where they can, so the folder holds as much
 # as possible.
 set -uo pipefail
@@ -52,6 +55,8 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 
 step() { echo; echo "=== [$((SECONDS - START)) s] $*"; }
 fail() { echo "!!! step $1 failed: $2"; [ "$FAILED" -eq 0 ] && FAILED=$1; }
+# check STEP RC WHAT: a failure, unless RC is timeout's 124 (the step was cut by its limit)
+check() { if [ "$2" -eq 124 ]; then echo "--- step $1 cut by its time limit: $3"; elif [ "$2" -ne 0 ]; then fail "$1" "$3"; fi; }
 left() { echo $(( BUDGET - (SECONDS - START) )); }          # seconds left of the budget
 clamp() { local v=$1; [ "$v" -gt "$2" ] && v=$2; [ "$v" -lt "$3" ] && v=$3; echo "$v"; }  # clamp V MAX MIN
 
@@ -110,16 +115,16 @@ step "5. floors and per-call cases"
 P=$(clamp $(( ($(left) - 60) / 3 )) "$PERCALL_S" 20)
 echo "time limit: $P s (+30 s for a compilation in flight)"
 timeout $(( P + 30 )) "$PY" "$ROOT/benchmarks" floors percall --device cuda --out "$OUT" --time-limit "$P" \
-  --samples 15 2>&1 | tee "$OUT/percall.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "floors / per-call case (see percall.log)"
+  --impls native,trivial,reference,cuda_graph --samples 15 2>&1 | tee "$OUT/percall.log"
+check 5 "${PIPESTATUS[0]}" "floors / per-call case (see percall.log)"
 
 step "5b. per call against torch.compile at N = 128"
-P=$(clamp $(( ($(left) - 150) / 3 )) "${GPU_CHECK_COMPILED_S:-90}" 20)
+P=$(clamp $(( ($(left) - 150) / 2 )) "${GPU_CHECK_COMPILED_S:-150}" 20)
 echo "time limit: $P s (+40 s for a compilation in flight)"
 timeout $(( P + 40 )) "$PY" "$ROOT/benchmarks" percall --device cuda --out "$OUT" --time-limit "$P" \
   --ops smooth_ndcg,kendall,kendall_sw --impls native,compiled,cuda_graph --min-n 128 --max-n 128 \
   --samples 15 --tag compiled-128 2>&1 | tee "$OUT/percall-compiled.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 5 "per-call case against torch.compile (see percall-compiled.log)"
+check 5 "${PIPESTATUS[0]}" "per-call case against torch.compile (see percall-compiled.log)"
 
 step "6. kernel profiles (ncu)"
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
@@ -138,7 +143,8 @@ else
     timeout "$T" "$NCU" --profile-from-start off --clock-control none --csv --page details \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       "$PY" "$ROOT/benchmarks/profile_call.py" "$1" "$2" --direction "$3" --dtype "$4" \
-      > "$OUT/ncu-$1-$2-$3-$4.csv" 2> "$OUT/ncu-$1-$2-$3-$4.log" || echo "!!! ncu $spec: exit $? (see its .log)"
+      > "$OUT/cuda-$(date +%Y-%m-%d)-ncu-$1-$2-$3-$4.csv" 2> "$OUT/ncu-$1-$2-$3-$4.log" \
+      || echo "!!! ncu $spec: exit $? (see its .log)"
   done
 fi
 
@@ -149,15 +155,21 @@ for dt in float32 bfloat16; do
   timeout $(( D + 20 )) "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit "$D" \
     --ops smooth_ap,smooth_ap_classes,recall_at_k --impls native --modes forward+backward --dtype "$dt" \
     --tag "engine-$dt" --order breadth 2>&1 | tee "$OUT/engine-$dt.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || fail 7 "smooth-rank $dt sweep (see engine-$dt.log)"
+  check 7 "${PIPESTATUS[0]}" "smooth-rank $dt sweep (see engine-$dt.log)"
 done
+
+step "7b. smooth_ndcg at N = 4096 (its large-N target)"
+timeout 60 "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit 30 \
+  --ops smooth_ndcg --impls native --modes forward+backward --min-n 4096 --max-n 4096 \
+  --tag ndcg-4096 2>&1 | tee "$OUT/ndcg-4096.log"
+check 7 "${PIPESTATUS[0]}" "smooth_ndcg N = 4096 (see ndcg-4096.log)"
 
 step "8. slate case"
 S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
 echo "time limit: $S s (+20 s)"
 timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \
   2>&1 | tee "$OUT/slate.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 8 "slate case (see slate.log)"
+check 8 "${PIPESTATUS[0]}" "slate case (see slate.log)"
 
 step "9. size sweep (breadth-first)"
 LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
@@ -165,7 +177,7 @@ LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
 echo "sweep time limit: $LEFT s"
 timeout $(( LEFT + 55 )) "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limit "$LEFT" --huge \
   --order breadth 2>&1 | tee "$OUT/benchmarks.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail 9 "size sweep (see benchmarks.log)"
+check 9 "${PIPESTATUS[0]}" "size sweep (see benchmarks.log)"
 
 step "done in $((SECONDS - START)) s (budget $BUDGET s); files in $OUT"
 ls -la "$OUT"

@@ -328,6 +328,10 @@ def test_results_are_in_one_layout_and_their_markdown_is_current(bench):
             assert data["schema"] == 2 and p.name.split("-")[4].split(".")[0] == data["case"], p.name
             assert p.with_suffix(".md").read_text() == bench.report.result_markdown(p), \
                 f"{p.with_suffix('.md').name} is stale: python -m benchmarks report {p}"
+    # Nsight Compute profiles (gpu_check.sh step 6), one CSV per op, size, direction and dtype
+    profiles = re.compile(r"^cuda-\d{4}-\d{2}-\d{2}-ncu-\w+-\d+-(i2t|t2i|both)-\w+\.csv$")
+    for p in (BENCH / "results" / "profiles").iterdir():
+        assert profiles.match(p.name), p.name
 
 
 def doc_files_with_tables(bench):

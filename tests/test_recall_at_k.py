@@ -372,9 +372,9 @@ def test_cuda_matches_reference(n, m):
             torch.testing.assert_close(r["native"][1], r["reference"][1], rtol=1e-9, atol=1e-11)
 
 
-@needs_cuda_kernel
-@pytest.mark.cuda
-def test_cuda_graph_capture_equals_eager():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[needs_cuda_kernel, pytest.mark.cuda])])
+def test_cuda_graph_capture_equals_eager(device):
+    # on the CPU: the same step run eagerly twice (a wrong call fails without a GPU)
     sim, pos = rand_case(40, 56, seed=36, p_pos=0.2)
-    sim, pos = sim.float().cuda(), pos.cuda()
-    _cuda_checks.assert_graph_replay_equals_eager(lambda s, p: fastrank.recall_at_k_loss(s, p, 0.05), sim, pos)
+    sim, pos = sim.float().to(device), pos.to(device)
+    _cuda_checks.assert_graph_replay_equals_eager(lambda s, p: fastrank.recall_at_k_loss(s, p, tau=0.05), sim, pos)

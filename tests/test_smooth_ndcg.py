@@ -726,10 +726,11 @@ def test_cuda_relevance_range_only_with_the_check_on(monkeypatch):
         fastrank.kendall_sw_loss(sim, cos)
 
 
-@needs_cuda
-@pytest.mark.cuda
-def test_cuda_graph_capture_equals_eager():
-    sim, rel = _cuda_case(32, 24)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[needs_cuda, pytest.mark.cuda])])
+def test_cuda_graph_capture_equals_eager(device):
+    # on the CPU: the same step run eagerly twice (a wrong call fails without a GPU)
+    sim, rel = rand_case(32, 24, seed=40, dtype=torch.float32)
+    sim, rel = sim.to(device), rel.to(device)
     _cuda_checks.assert_graph_replay_equals_eager(lambda x, r: fastrank.smooth_ndcg_loss(x, r, 0.05), sim, rel)
 
 
