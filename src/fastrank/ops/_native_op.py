@@ -17,7 +17,9 @@ forward's outputs, how many of them the caller gets, and a fake of the forward. 
 
 The backward fill's parameters are matched by name: ``grad*`` ones take the upstream
 gradients of the caller's outputs (in order), the names of forward arguments and outputs
-take those, the rest of the forward's non-tensor arguments come from the context. Tensor
+take those, ``sim_dtype`` takes sim's dtype (for a backward that reads nothing else of
+sim: sim is then not saved), the rest of the forward's non-tensor arguments come from the
+context. Tensor
 arguments are saved with ``save_for_backward`` on both paths (an in-place change of sim
 after the forward is an error, not a wrong gradient); the outputs the backward reads are
 saved with it on the custom-op path (they are outputs there) and kept on the eager
@@ -64,15 +66,19 @@ def _schema(fill: Callable, params: Sequence[str], returns) -> str:
 
 
 class Backward:
-    """A backward fill and its custom op ``qualname`` (d loss / d sim, like sim)."""
+    """A backward fill and its custom op ``qualname`` (d loss / d sim, like sim). ``fake``:
+    its register_fake, needed only where the fill takes no ``sim`` (the default makes a
+    tensor like sim)."""
 
-    def __init__(self, qualname: str, fill: Callable):
+    def __init__(self, qualname: str, fill: Callable, fake: Optional[Callable] = None):
         self.name = qualname
         self.fill = fill
         self.params = tuple(inspect.signature(fill).parameters)
-        like = self.params.index("sim")
+        if fake is None:
+            like = self.params.index("sim")
+            fake = lambda *args: args[like].new_empty(args[like].shape)  # noqa: E731
         self.op = torch.library.custom_op(qualname, fill, mutates_args=(), schema=_schema(fill, self.params, Tensor))
-        self.op.register_fake(lambda *args: args[like].new_empty(args[like].shape))
+        self.op.register_fake(fake)
 
 
 class NativeOp:
@@ -84,7 +90,8 @@ class NativeOp:
         ``with_grad`` parameter is told, eagerly, whether sim needs a gradient.
     outputs: the names of the forward's tensor outputs; the first ``public`` go to the caller.
     fake: the forward's register_fake (the outputs' shapes and dtypes, no kernel).
-    backward: a :class:`Backward`, or a backward fill (its op is ``fastrank::<name>_backward``).
+    backward: a :class:`Backward`, or a backward fill (its op is ``fastrank::<name>_backward``;
+        one that takes ``sim_dtype`` rather than ``sim`` needs a :class:`Backward` with a fake).
     after: eagerly, called with the forward's whole result (fast_rerank's finite check).
     in_sim_dtype: the caller's outputs are in sim's dtype (scores, not losses): where sim
         was upcast for its kernels they are cast back.
@@ -112,18 +119,20 @@ class NativeOp:
         self.op = torch.library.custom_op(self.name, run, mutates_args=(), schema=_schema(forward, self.params, returns))
         self.op.register_fake(fake)
         # what the backward fill reads, by name: upstream gradients, the forward's tensor
-        # arguments (saved), its outputs (kept), its other arguments (hyper)
+        # arguments (saved), its outputs (kept), its other arguments and sim's dtype (hyper)
         hints = typing.get_type_hints(forward)
         tensor_params = [p for p in self.params if "Tensor" in str(hints[p])]
         back = self.backward.params
         grads = [p for p in back if p.startswith("grad")]
         saved = [self.params.index(p) for p in back if p in tensor_params]
         kept = [outputs.index(p) for p in back if p in outputs]
-        hyper = [self.params.index(p) for p in back if p not in grads and p not in tensor_params and p not in outputs]
+        rest = [p for p in back if p not in grads and p not in tensor_params and p not in outputs]
+        self._sim_dtype = "sim_dtype" in rest
+        hyper = [self.params.index(p) for p in rest if p != "sim_dtype"]
         self._saved, self._kept, self._hyper = _picker(saved), _picker(kept), _picker(hyper)
-        # the backward fill's arguments, picked from grads + saved + kept + hyper
+        # the backward fill's arguments, picked from grads + saved + kept + hyper (+ sim's dtype)
         order = grads + [p for p in back if p in tensor_params] + [p for p in back if p in outputs] + \
-            [p for p in back if p not in grads and p not in tensor_params and p not in outputs]
+            [p for p in rest if p != "sim_dtype"] + (["sim_dtype"] if self._sim_dtype else [])
         self._plan = _picker([order.index(p) for p in back])
         self._n_grads = len(grads)
         self._residual = tuple(range(public, n))
@@ -151,9 +160,13 @@ class NativeOp:
         return self._plan(tuple(grads[:self._n_grads]) + tuple(saved) + tuple(hyper))
 
     # ------------------------------------------------------------ torch.compile: register_autograd
+    def hyper(self, args: tuple) -> tuple:
+        """The backward's non-tensor arguments from the forward's arguments."""
+        return self._hyper(args) + (args[0].dtype,) if self._sim_dtype else self._hyper(args)
+
     def _setup_context(self, ctx, inputs, output):
         ctx.save_for_backward(*self._saved(inputs), *self._kept(output))
-        ctx.hyper = self._hyper(inputs)
+        ctx.hyper = self.hyper(inputs)
         ctx.mark_non_differentiable(*[output[i] for i in self._residual])
 
     def _op_backward(self, ctx, *grads):
@@ -171,7 +184,7 @@ class NativeOp:
         out = self.op(*plain)
         out = (out,) if isinstance(out, Tensor) else tuple(out)
         grads = tuple(upstream(o) for o in out[:self.public])
-        back = self.backward_args(grads, self._saved(plain) + self._kept(out), self._hyper(plain))
+        back = self.backward_args(grads, self._saved(plain) + self._kept(out), self.hyper(plain))
         return [(self.name, args), (self.backward.name, tuple(back))]
 
 
@@ -179,7 +192,9 @@ def _eager_function(op: NativeOp) -> type:
     """The eager path of ``op``: an autograd.Function ``(sim, *args) -> op's outputs``, one
     class per op (profiles name it: _KendallFunction), its pieces bound once here."""
     fill, after, with_grad, public = op.forward, op.after, op.with_grad, op.public
-    saved, kept, hyper, plan, back = op._saved, op._kept, op._hyper, op._plan, op.backward.fill
+    saved, kept, plan, back = op._saved, op._kept, op._plan, op.backward.fill
+    hyper = op.hyper if op._sim_dtype else op._hyper  # the picker itself where it is all
+    saves = bool(saved((None,) * len(op.params)))  # whether any argument is saved at all
     nones = (None,) * (len(op.params) - 1)
 
     def forward(ctx, *args):
@@ -190,14 +205,17 @@ def _eager_function(op: NativeOp) -> type:
             ctx.set_materialize_grads(False)
         # the arguments with save_for_backward (their versions are checked); the outputs the
         # caller never sees (workspaces) as they are: saving them would cost more than they risk
-        ctx.save_for_backward(*saved(args))
+        if saves:
+            ctx.save_for_backward(*saved(args))
         ctx.kept = kept(res)
         ctx.hyper = hyper(args)
         return res[0] if public == 1 else tuple(res[:public])
 
     def backward(ctx, *grads):
-        grad = back(*plan(grads + ctx.saved_tensors + ctx.kept + ctx.hyper)) if ctx.needs_input_grad[0] else None
-        return (grad,) + nones
+        if not ctx.needs_input_grad[0]:
+            return (None,) + nones
+        held = grads + ctx.saved_tensors + ctx.kept + ctx.hyper if saves else grads + ctx.kept + ctx.hyper
+        return (back(*plan(held)),) + nones
 
     name = "_" + "".join(w.capitalize() for w in op.name.split("::")[1].split("_")) + "Function"
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),

@@ -25,7 +25,7 @@ from ._floor import pair_count, rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mask_args, mat
 from . import _contract as C
 from ._module import ModuleForm
-from ._native_op import NativeOp
+from ._native_op import Backward, NativeOp
 
 
 def _n_total(n: int, m: int, direction: int) -> int:
@@ -55,12 +55,13 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: floa
     return loss, dsim, aux
 
 
-def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim: Tensor, direction: int,
+def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim_dtype: torch.dtype, direction: int,
               reduction: int) -> Tensor:
-    """d (grad_loss . loss) / d sim, contiguous, in sim's dtype (sim is read for its dtype)."""
+    """d (grad_loss . loss) / d sim, contiguous, in sim's dtype (nothing else of sim is read,
+    so the forward saves no tensor)."""
     n, m = dsim.shape[1], dsim.shape[2]
     go = grad_loss.to(dsim.dtype).contiguous()
-    grad = torch.empty((n, m), dtype=sim.dtype, device=dsim.device)
+    grad = torch.empty((n, m), dtype=sim_dtype, device=dsim.device)
     call("kendall_backward", grad, n, m, direction, reduction, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(),
          grad.data_ptr())
     return grad
@@ -77,7 +78,12 @@ def _fake_forward(sim, relevance, mask, alpha, direction, reduction):
 
 # fastrank::kendall -> (loss, dsim, aux), fastrank::kendall_backward, the eager Function
 # and the switch between them: src/fastrank/ops/_native_op.py
-KENDALL = NativeOp("kendall", _forward, ("loss", "dsim", "aux"), _fake_forward, _backward)
+def _fake_backward(grad_loss, dsim, aux, sim_dtype, direction, reduction):
+    return dsim.new_empty(dsim.shape[1:], dtype=sim_dtype)
+
+
+KENDALL = NativeOp("kendall", _forward, ("loss", "dsim", "aux"), _fake_forward,
+                   Backward("fastrank::kendall_backward", _backward, _fake_backward))
 kendall_op = KENDALL.op
 
 
