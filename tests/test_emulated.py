@@ -233,11 +233,9 @@ MUTATIONS = {
     # a removed barrier: the forward's candidates are read before every thread staged them
     "removed barrier": ("cuda/smooth_ndcg.cu",
                         "      });\n      __syncthreads();\n      const int len = nc - c0 < kChunk ? "
-                        "static_cast<int>(nc - c0) : kChunk;\n      for (int cc = 0; cc < len; ++cc) {\n"
-                        "        const int64_t c = c0 + cc;",
+                        "static_cast<int>(nc - c0) : kChunk;\n      // own's index in this chunk",
                         "      });\n      const int len = nc - c0 < kChunk ? "
-                        "static_cast<int>(nc - c0) : kChunk;\n      for (int cc = 0; cc < len; ++cc) {\n"
-                        "        const int64_t c = c0 + cc;",
+                        "static_cast<int>(nc - c0) : kChunk;\n      // own's index in this chunk",
                         "test_smooth_ndcg.py", "values_and_gradients"),
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",

@@ -167,6 +167,20 @@ FR_HD double log_ge1(double x) { return log(x); }
 // Then sigma(x) and sigma(-x) are a and b in some order, and sigma'(x) = a * b:
 // one exp serves both members of a pair (sigma(-x) = 1 - sigma(x)) without the
 // cancellation of computing 1 - sigma(x) when sigma(x) is near 1.
+// 1 / (1 + e) for e = exp(-|x|) in [0, 1], so a divisor in [1, 2]. CUDA, float: the hardware
+// reciprocal (__fdividef: MUFU.RCP, within 1 ulp on that range; the exp beside it is
+// __expf's 2 ulp), not the IEEE division, whose special-case test and slow-path call cut
+// every pair loop into branches (nvdisasm: a convergence barrier and no unrolling per pair).
+// Elsewhere the division.
+FR_HD float recip_1p(float e) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(1.0f, 1.0f + e);
+#else
+  return 1.0f / (1.0f + e);
+#endif
+}
+FR_HD double recip_1p(double e) { return 1.0 / (1.0 + e); }
+
 template <typename A> struct Logistic {
   A pos;    // sigma(x)
   A neg;    // sigma(-x) = 1 - sigma(x)
@@ -175,7 +189,7 @@ template <typename A> struct Logistic {
 
 template <typename A> FR_HD Logistic<A> logistic(A x) {
   const A e = exp_nonpos(x >= A(0) ? -x : x);
-  const A a = A(1) / (A(1) + e);
+  const A a = recip_1p(e);
   const A b = e * a;
   Logistic<A> l;
   l.pos = x >= A(0) ? a : b;
@@ -188,18 +202,18 @@ template <typename A> FR_HD Logistic<A> logistic(A x) {
 // loop body); a struct return would block GCC's vectoriser.
 template <typename A> FR_HD A logistic_pos(A x) {
   const A e = exp_nonpos(x >= A(0) ? -x : x);
-  const A a = A(1) / (A(1) + e);
+  const A a = recip_1p(e);
   return x >= A(0) ? a : e * a;
 }
 template <typename A> FR_HD A logistic_neg(A x) {
   const A e = exp_nonpos(x >= A(0) ? -x : x);
-  const A a = A(1) / (A(1) + e);
+  const A a = recip_1p(e);
   return x >= A(0) ? e * a : a;
 }
 
 template <typename A> FR_HD A logistic_deriv(A x) {
   const A e = exp_nonpos(x >= A(0) ? -x : x);
-  const A a = A(1) / (A(1) + e);
+  const A a = recip_1p(e);
   return e * a * a;
 }
 
