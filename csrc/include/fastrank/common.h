@@ -163,10 +163,6 @@ FR_HD float log_ge1(float x) {
 FR_HD double log_ge1(double x) { return log(x); }
 
 // ---- logistic ----------------------------------------------------------------------
-// For x: e = exp(-|x|) in (0, 1], a = 1 / (1 + e) = sigma(|x|), b = e * a = sigma(-|x|).
-// Then sigma(x) and sigma(-x) are a and b in some order, and sigma'(x) = a * b:
-// one exp serves both members of a pair (sigma(-x) = 1 - sigma(x)) without the
-// cancellation of computing 1 - sigma(x) when sigma(x) is near 1.
 // 1 / (1 + e) for e = exp(-|x|) in [0, 1], so a divisor in [1, 2]. CUDA, float: the hardware
 // reciprocal (__fdividef: MUFU.RCP, within 1 ulp on that range; the exp beside it is
 // __expf's 2 ulp), not the IEEE division, whose special-case test and slow-path call cut
@@ -181,6 +177,10 @@ FR_HD float recip_1p(float e) {
 }
 FR_HD double recip_1p(double e) { return 1.0 / (1.0 + e); }
 
+// For x: e = exp(-|x|) in (0, 1], a = 1 / (1 + e) = sigma(|x|), b = e * a = sigma(-|x|).
+// Then sigma(x) and sigma(-x) are a and b in some order, and sigma'(x) = a * b:
+// one exp serves both members of a pair (sigma(-x) = 1 - sigma(x)) without the
+// cancellation of computing 1 - sigma(x) when sigma(x) is near 1.
 template <typename A> struct Logistic {
   A pos;    // sigma(x)
   A neg;    // sigma(-x) = 1 - sigma(x)

@@ -19,8 +19,7 @@ The backward fill's parameters are matched by name: ``grad*`` ones take the upst
 gradients of the caller's outputs (in order), the names of forward arguments and outputs
 take those, ``sim_dtype`` takes sim's dtype (for a backward that reads nothing else of
 sim: sim is then not saved), the rest of the forward's non-tensor arguments come from the
-context. Tensor
-arguments are saved with ``save_for_backward`` on both paths (an in-place change of sim
+context. Tensor arguments are saved with ``save_for_backward`` on both paths (an in-place change of sim
 after the forward is an error, not a wrong gradient); the outputs the backward reads are
 saved with it on the custom-op path (they are outputs there) and kept on the eager
 Function's context (the caller never sees them, and saving costs about a microsecond a
@@ -130,6 +129,7 @@ class NativeOp:
         self._sim_dtype = "sim_dtype" in rest
         hyper = [self.params.index(p) for p in rest if p != "sim_dtype"]
         self._saved, self._kept, self._hyper = _picker(saved), _picker(kept), _picker(hyper)
+        self._saves = bool(saved)  # whether the backward reads any forward argument
         # the backward fill's arguments, picked from grads + saved + kept + hyper (+ sim's dtype)
         order = grads + [p for p in back if p in tensor_params] + [p for p in back if p in outputs] + \
             [p for p in rest if p != "sim_dtype"] + (["sim_dtype"] if self._sim_dtype else [])
@@ -194,7 +194,7 @@ def _eager_function(op: NativeOp) -> type:
     fill, after, with_grad, public = op.forward, op.after, op.with_grad, op.public
     saved, kept, plan, back = op._saved, op._kept, op._plan, op.backward.fill
     hyper = op.hyper if op._sim_dtype else op._hyper  # the picker itself where it is all
-    saves = bool(saved((None,) * len(op.params)))  # whether any argument is saved at all
+    saves = op._saves
     nones = (None,) * (len(op.params) - 1)
 
     def forward(ctx, *args):
