@@ -21,6 +21,8 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ._native import device_type
+
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DIRECTIONS = ("i2t", "t2i", "both")
 REDUCTIONS = ("mean", "sum", "none")
@@ -61,7 +63,7 @@ def check_finite_enabled(device: Optional[torch.device] = None) -> bool:
         return True
     if env == "0":
         return False
-    return device is None or device.type != "cuda"
+    return device is None or device_type(device) != "cuda"
 
 
 def check_tensor(x, name: str, ndim: Optional[int] = None, *, float_only: bool = True,

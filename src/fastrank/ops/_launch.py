@@ -22,24 +22,28 @@ from .._native import (DIRECTION_CODE, DTYPE_CODE, REDUCTION_CODE, acc_dtype, cp
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+# This file runs on every call: it asks a tensor `is_cuda` / `is_cpu` (70 ns) rather than
+# `device.type` (0.3 us: a new string each time), and its stride() once (0.1 us, not 0.18
+# per stride(i)).
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def cuda_kernels(x: torch.Tensor) -> bool:
     """Whether x's native kernels are CUDA kernels (a CUDA tensor, or a CPU tensor while an
     emulated CUDA module is set)."""
-    return x.device.type == "cuda" or (x.device.type == "cpu" and emulated_cuda() is not None)
+    return x.is_cuda or (x.is_cpu and emulated_cuda() is not None)
 
 
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a kernel reads x in: CPU kernels take float32/float64 (half inputs are
     upcast), CUDA kernels take all four float dtypes."""
-    if not cuda_kernels(x) and x.dtype in (torch.float16, torch.bfloat16):
-        return torch.float32
-    return x.dtype
+    dtype = x.dtype
+    return torch.float32 if dtype in _HALF and not cuda_kernels(x) else dtype
 
 
 def kernel_input(x: torch.Tensor) -> torch.Tensor:
     """x as its kernels read it: itself, or (half precision for the CPU kernels) a float32 copy."""
-    kd = kernel_dtype(x)
-    return x if kd == x.dtype else x.to(kd)
+    return x.to(torch.float32) if x.dtype in _HALF and not cuda_kernels(x) else x
 
 
 def kernel_relevance(sim: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
@@ -50,7 +54,7 @@ def kernel_relevance(sim: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor
 
 
 def module_for(x: torch.Tensor):
-    if x.device.type == "cuda":
+    if x.is_cuda:
         mod = cuda_module()
     else:
         mod = emulated_cuda() or cpu_module()
@@ -61,15 +65,16 @@ def module_for(x: torch.Tensor):
 
 def mat(x: torch.Tensor):
     """(pointer, row stride, column stride) of a 2-D tensor, strides in elements."""
-    return x.data_ptr(), x.stride(0), x.stride(1)
+    s0, s1 = x.stride()
+    return x.data_ptr(), s0, s1
 
 
 def call(name: str, like: torch.Tensor, *args):
     """Run kernel ``name`` of the module for like's device with the dtype code of like, on
     like's device and its current CUDA stream; returns what the kernel entry returns."""
     code = DTYPE_CODE[like.dtype]
-    dev = like.device
-    if dev.type == "cuda":
+    if like.is_cuda:
+        dev = like.device
         fn = getattr(cuda_module(), name)
         if _raw_stream is not None and dev.index == torch.cuda.current_device():
             return fn(code, *args, _raw_stream(dev.index))
@@ -86,7 +91,8 @@ def mask_args(mask):
     The kernels read a bool as one byte (0 or 1)."""
     if mask is None:
         return 0, 0, 0
-    return mask.data_ptr(), mask.stride(0), mask.stride(1)
+    s0, s1 = mask.stride()
+    return mask.data_ptr(), s0, s1
 
 
 __all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "module_for", "mask_args",

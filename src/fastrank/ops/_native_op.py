@@ -35,10 +35,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ._launch import kernel_input
-
-
-_HALF = (torch.float16, torch.bfloat16)
+from ._launch import _HALF, kernel_input
 
 
 def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
