@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,7 +181,7 @@ def test_every_fastrank_custom_op_is_in_the_registry():
     defined = {m for path in package.rglob("*.py") for m in CUSTOM_OP.findall(path.read_text())}
     assert registered and defined
     missing = (registered | defined) - covered
-    assert not missing, f"custom ops not in src/fastrank/ops/registry.py: {sorted(missing)}"
+    assert not missing, f"custom ops in no row of the table (ROWS; src/fastrank/ops/registry.py): {sorted(missing)}"
     assert covered <= registered, f"registry entries name ops that do not exist: {covered - registered}"
 
 
@@ -191,6 +192,33 @@ def test_the_completeness_check_would_see_a_new_op():
     names = {n for n in torch._C._dispatch_get_all_op_names() if n.startswith("fastrank_contract_probe::")}
     assert names == {"fastrank_contract_probe::probe"}
     assert CUSTOM_OP.findall('@torch.library.custom_op("fastrank::new_op", mutates_args=())') == ["fastrank::new_op"]
+
+
+def test_the_table_collects_every_public_module_s_rows(tmp_path, monkeypatch):
+    """The table is the ROWS of the public modules of a package, in the order of their names;
+    a private module is skipped, and a public one without ROWS is an error naming it."""
+    pkg = tmp_path / "rows_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    row = "from fastrank.ops._row import Loss\ndef {0}_loss(sim): return sim.sum()\n"
+    (pkg / "b.py").write_text(row.format("zeta") + "ROWS = (Loss('zeta', zeta_loss, None),)\n")
+    (pkg / "a.py").write_text(row.format("beta") + row.format("alpha") +
+                              "ROWS = (Loss('beta', beta_loss, None), Loss('alpha', alpha_loss, None))\n")
+    (pkg / "_private.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from fastrank.ops import registry
+    try:
+        import rows_probe
+        assert [r.name for r in registry._declared_rows((rows_probe,))] == ["alpha", "beta", "zeta"]
+        (pkg / "c.py").write_text("x = 1\n")
+        with pytest.raises(ImportError, match="rows_probe.c declares no ROWS"):
+            registry._declared_rows((rows_probe,))
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "rows_probe"]:
+            del sys.modules[name]
+    # fastrank's own table: every row of it comes from the module of its functional
+    for name, row in LOSSES.items():
+        assert row in sys.modules[row.functional.__module__].ROWS, name
 
 
 # ---------------------------------------------------------------- the table feeds the public names

@@ -23,6 +23,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._reduce import directions, reduce
 from .triplet import masked_max, to_acc
+from ..ops._row import Loss
 
 
 def _safe_sqrt(x: Tensor) -> Tensor:
@@ -189,3 +190,8 @@ class OrthogonalLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, reduction={self.reduction!r}"
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("variance_weighted", variance_weighted_loss, VarianceWeightedLoss, combined=False),
+        Loss("orthogonal", orthogonal_loss, OrthogonalLoss, combined=False))

@@ -26,6 +26,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._reduce import per_direction
 from .triplet import masked_max, masked_min, pair_hinge_sums, to_acc, triplet_per_query
+from ..ops._row import Loss
 
 
 def _check_ladder(thresholds, margins, weights):
@@ -135,3 +136,7 @@ class LadderLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"thresholds={self.thresholds}, margins={self.margins}, weights={self.weights}, "
                 f"hard={self.hard}, direction={self.direction!r}, reduction={self.reduction!r}")
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("ladder", ladder_loss, LadderLoss),)

@@ -18,6 +18,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._reduce import per_direction
 from .triplet import to_acc
+from ..ops._row import Loss
 
 
 def topk_per_query(s: Tensor, pos: Tensor, k: int, margin: float) -> Tensor:
@@ -85,3 +86,7 @@ class TopKLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"k={self.k}, margin={self.margin}, direction={self.direction!r}, "
                 f"reduction={self.reduction!r}")
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("topk", topk_loss, TopKLoss),)

@@ -27,6 +27,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import acc_dtype
 from .._reduce import per_direction
+from ..ops._row import Loss
 
 MININGS = ("hardest", "soft", "all")
 
@@ -182,3 +183,7 @@ class TripletLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"margin={self.margin}, mining={self.mining!r}, gamma={self.gamma}, "
                 f"direction={self.direction!r}, reduction={self.reduction!r}")
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("triplet", triplet_loss, TripletLoss),)

@@ -3,7 +3,8 @@
 Each op's declaration (src/fastrank/ops/<op>.py) ends with its :class:`Contract`: a factory of
 example inputs, the forward custom op's arguments for an example (the contract calls each
 custom op on them, through :meth:`fastrank.ops._native_op.NativeOp.samples`), and bad inputs
-with the error they must raise. src/fastrank/ops/registry.py puts them in the table of ops.
+with the error they must raise, and its row of the table of ops (``ROWS``) carries it to
+src/fastrank/ops/registry.py.
 """
 from __future__ import annotations
 

@@ -44,6 +44,7 @@ from ._launch import call, cuda_kernels, kernel_input, mat, module_for
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from . import _contract as C
+from ._row import Loss
 
 
 def _run(name: str, x: Tensor, *args) -> Optional[bool]:
@@ -269,3 +270,7 @@ CONTRACT = C.glue_contract(
         C.BadInput("gamma of one number", ValueError, "gamma", hyper={"gamma": (1.0,)}),
         C.BadInput("lam with a zero", ValueError, "lam", hyper={"lam": (0.0, 1.0)})),
     extra=_more_samples, extra_ops=("fastrank::fast_rerank_lse",))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("fast_rerank", fast_rerank, FastRerank, CONTRACT, combined=False, floor=floor),)

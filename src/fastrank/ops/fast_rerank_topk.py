@@ -30,6 +30,7 @@ from .._native import has_native
 from ._launch import acc_dtype
 from .fast_rerank import check_statistics, fast_rerank_lse
 from . import _contract as C
+from ._row import Loss
 
 # default tile: about 2**26 scores (256 MB in float32) per tile
 _TILE_ELEMENTS = 1 << 26
@@ -185,3 +186,8 @@ CONTRACT = C.Contract(
      C.BadInput("block = 0", ValueError, "block", hyper={"block": 0}),
      C.BadInput("direction is not a direction", ValueError, "direction", hyper={"direction": "up"}),
      C.BadInput("gamma with a zero", ValueError, "gamma", hyper={"gamma": (0.0, 1.0)})))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("fast_rerank_topk", fast_rerank_topk, None, CONTRACT, combined=False,
+             no_module="a retrieval step over embeddings, not a loss: it has no state and no gradient"),)

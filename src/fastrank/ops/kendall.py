@@ -26,6 +26,7 @@ from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_rel
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import Backward, NativeOp
+from ._row import Loss
 
 
 def _n_total(n: int, m: int, direction: int) -> int:
@@ -149,3 +150,7 @@ CONTRACT = C.glue_contract(
     C.graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("kendall", kendall_loss, KendallLoss, CONTRACT, floor=floor, compat=("open_clip",)),)

@@ -26,6 +26,7 @@ from .kendall import aux_numel
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import NativeOp
+from ._row import Loss
 
 _INT32_MAX = 2**31 - 1
 
@@ -188,3 +189,7 @@ CONTRACT = C.glue_contract(
         C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),
         C.BadInput("beta = 0", ValueError, "beta", hyper={"beta": 0.0}),
         C.BadInput("label_range with lo > hi", ValueError, "label_range", hyper={"label_range": (1.0, 0.0)})))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("kendall_sw", kendall_sw_loss, KendallSWLoss, CONTRACT, floor=floor, compat=("sentence_transformers",)),)

@@ -23,6 +23,7 @@ from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 from ._module import ModuleForm
 from ._native_op import NativeOp
+from ._row import Loss
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
 
@@ -161,3 +162,7 @@ CONTRACT = C.glue_contract(
         C.BadInput("ks holds a float", ValueError, "ks", hyper={"ks": (1.5,), "tau_k": 1.0}),
         C.BadInput("tau_k of the wrong length", ValueError, "tau_k", hyper={"tau_k": (1.0, 1.0)}),
         C.BadInput("tau_k = 0", ValueError, "tau_k", hyper={"tau_k": 0.0})))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("recall_at_k", recall_at_k_loss, RecallAtKLoss, CONTRACT, floor=SR.floor, cuda_matrix="test_smooth_ap.py"),)

@@ -24,6 +24,7 @@ from . import _contract as C
 from ._launch import DIRECTION_CODE, REDUCTION_CODE
 from ._module import ModuleForm
 from ._native_op import NativeOp
+from ._row import Loss
 
 
 # ---------------------------------------------------------------- native: one fused op
@@ -104,3 +105,7 @@ CONTRACT = C.glue_contract(
     C.subset_examples({}),
     C.TENSOR_CASES + C.POSITIVES_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("tau < 0", ValueError, "tau", hyper={"tau": -1.0}),))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("smooth_ap", smooth_ap_loss, SmoothAPLoss, CONTRACT, floor=SR.floor, compat=("sentence_transformers",)),)

@@ -25,6 +25,7 @@ from ._floor import PASSES, pair_count, rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat, module_for
 from ._module import ModuleForm
 from ._native_op import NativeOp
+from ._row import Loss
 
 
 _sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
@@ -155,3 +156,8 @@ CONTRACT = C.glue_contract(
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("negative relevance", ValueError, "relevance", inputs=lambda x: {"relevance": x["relevance"] - 1}),
         C.BadInput("tau = 0", ValueError, "tau", hyper={"tau": 0.0})))
+
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (Loss("smooth_ndcg", smooth_ndcg_loss, SmoothNDCGLoss, CONTRACT, floor=floor,
+             compat=("open_clip", "sentence_transformers")),)
