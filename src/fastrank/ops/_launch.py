@@ -43,7 +43,8 @@ def kernel_dtype(x: torch.Tensor) -> torch.dtype:
 
 def kernel_input(x: torch.Tensor) -> torch.Tensor:
     """x as its kernels read it: itself, or (half precision for the CPU kernels) a float32 copy."""
-    return x.to(torch.float32) if x.dtype in _HALF and not cuda_kernels(x) else x
+    kd = kernel_dtype(x)
+    return x if kd == x.dtype else x.to(kd)
 
 
 def kernel_relevance(sim: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ._launch import _HALF, kernel_input
+from ._launch import kernel_input
 
 
 def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
@@ -141,7 +141,7 @@ class NativeOp:
         """The caller's outputs (one tensor, or a tuple of ``public``) of the op on sim as
         its kernels read it: eagerly the autograd.Function, under torch.compile the custom op."""
         # half on the CPU: upcast (autograd casts the gradient back)
-        x = kernel_input(sim) if sim.dtype in _HALF else sim
+        x = kernel_input(sim)
         if torch.compiler.is_compiling():
             out = self.op(x, *args)
             out = out[0] if self.public == 1 else out[:self.public]

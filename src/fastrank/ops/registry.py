@@ -32,7 +32,6 @@ __all__ = ["Loss", "LOSSES", "NATIVE_OPS", "Example", "BadInput", "OpSample"]
 
 # the packages whose public modules (no leading underscore) each declare ROWS
 _PACKAGES = (_losses, _ops)
-_NOT_ROWS = {"fastrank.ops.registry"}   # this module
 
 
 def _declared_rows(packages=_PACKAGES) -> Tuple[Loss, ...]:
@@ -42,7 +41,7 @@ def _declared_rows(packages=_PACKAGES) -> Tuple[Loss, ...]:
     for package in packages:
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
             name = info.name
-            if name.rpartition(".")[2].startswith("_") or name in _NOT_ROWS:
+            if name.rpartition(".")[2].startswith("_") or name == __name__:   # private, or this module
                 continue
             module = importlib.import_module(name)
             if not hasattr(module, "ROWS"):
