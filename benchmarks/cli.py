@@ -77,9 +77,15 @@ def parser(case_names) -> argparse.ArgumentParser:
     g.add_argument("--sizes", type=lambda s: [int(x) for x in _csv(s)], default=None,
                    help="batch sizes (default: 256..8192 image, 256, 1024, 4096, 8192 text)")
     g = p.add_argument_group("quality")
-    g.add_argument("--full", action="store_true", help="the full setting (5 splits, twice the steps: ~40 min on one core)")
+    g.add_argument("--full", action="store_true",
+                   help="the full setting (5 splits, K = 3, 6, 12, 25, the hyper-parameter search: ~4 h on 2 cores)")
     g.add_argument("--splits", type=int, default=None, help="splits (default: 2; --full: 5)")
-    g.add_argument("--steps", type=int, default=None, help="training steps per loss (default: 20; --full: 40)")
+    g.add_argument("--steps", type=int, default=None, help="bi-encoder training steps per loss (default: 20)")
+    g.add_argument("--lengths", type=lambda s: [int(x) for x in _csv(s)], default=None,
+                   help="Lee documents per bi-encoder step, e.g. 3,6,12,25 (default: 6,25; --full: 3,6,12,25)")
+    g.add_argument("--workers", type=int, default=None, help="worker processes of one thread each (default 2)")
+    g.add_argument("--resume", action="store_true",
+                   help="reuse the finished jobs of a cut run of the same setting and tag (its job log in --out)")
     g = p.add_argument_group("cpu_kernels")
     g.add_argument("--kernel-src", default=None, metavar="CSRC",
                    help="A/B: also build the kernels of this csrc/ folder (e.g. of a git worktree at REV)")
