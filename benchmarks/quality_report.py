@@ -23,6 +23,10 @@ from typing import List, Optional
 METRIC = {"ndcg": ("ndcg@10", "NDCG@10"), "tau": ("kendall_tau_b", "Kendall τ-b"),
           "spearman": ("spearman", "Spearman ρ")}
 DEFAULT_COLUMNS = ["ndcg", "tau", "spearman", "ndcg:diff", "tau:diff", "spearman:diff", "time"]
+#: a bi-encoder table of a result with list length as the axis: against both references
+SECOND_REF = "ST CosineSimilarityLoss"
+K_COLUMNS = ["ndcg", "tau", "spearman", "ndcg:diff", "spearman:diff", f"ndcg:diff:{SECOND_REF}",
+             f"spearman:diff:{SECOND_REF}", "time"]
 
 
 def is_quality(payload: dict) -> bool:
@@ -74,7 +78,7 @@ def _cell(rec: dict, token: str, ref: str, peers: dict) -> str:
     if kind == "diff":
         if rec["impl"] == ref:
             return "(reference)"
-        other = peers.get((rec["op_dataset"], ref))
+        other = peers.get((rec["op"], ref))
         return _pm(paired_diff(rec, other, key), signed=True) if other else "n/a"
     return _pm(q["mean_std"][key])
 
@@ -88,10 +92,10 @@ def _label(token: str, ref: str) -> str:
 
 def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optional[str] = None,
           peers: Optional[List[dict]] = None) -> str:
-    """One table: a row per loss of ``records`` (one op: a data set and a model kind); a
-    difference is taken against the row ``ref`` of the same data set among ``peers`` (all
+    """One table: a row per loss of ``records`` (one op: a data set, a model kind and a list
+    length); a difference is taken against the row ``ref`` of the same op among ``peers`` (all
     the result's records; default ``records``)."""
-    by = {(r["op_dataset"], r["impl"]): r for r in (peers or records) if r["status"] == "ok"}
+    by = {(r["op"], r["impl"]): r for r in (peers or records) if r["status"] == "ok"}
     columns = columns or DEFAULT_COLUMNS
     ops = list(OrderedDict.fromkeys(r["op"] for r in records))
     show_op = len(ops) > 1
@@ -128,15 +132,103 @@ def markdown(payload: dict, provenance: str) -> str:
     for line in (payload.get("report") or {}).get("method") or []:
         lines.append(f"- {line}")
     lines.append("")
+    by_k = (payload.get("report") or {}).get("x_axis") == "K"
     for op in OrderedDict.fromkeys(r["op"] for r in payload["results"]):
-        lines += [f"### {op}", "", table(select(payload, [op]), peers=payload["results"]), ""]
+        columns = K_COLUMNS if by_k and "cross-encoder" not in op else None
+        lines += [f"### {op}", "", table(select(payload, [op]), columns, peers=payload["results"]), ""]
+    if payload.get("chosen"):
+        lines += ["### The search's choices, per split", "", chosen_table(payload), ""]
     skipped = [r for r in payload["results"] if r["status"] != "ok"]
     if skipped:
         lines += [f"Skipped: {skipped[0]['reason']}", ""]
     return "\n".join(lines)
 
 
+def _short(params: dict) -> str:
+    return ", ".join(f"{k} {v:.3g}" for k, v in params.items())
+
+
+def chosen_table(payload: dict) -> str:
+    """The learning rate and parameters the search chose, a row per (data set, loss), a column per split."""
+    chosen = payload["chosen"]
+    splits = sorted({c["split"] for c in chosen})
+    rows = OrderedDict()
+    for c in chosen:
+        rows.setdefault((c["dataset"], c["loss"]), {})[c["split"]] = \
+            f"lr {c['lr']:g}" + (f"; {_short(c['params'])}" if c["params"] else "")
+    lines = ["| data | loss | " + " | ".join(f"split {s}" for s in splits) + " |",
+             "|" + " --- |" * (2 + len(splits))]
+    for (d, loss), by_split in rows.items():
+        lines.append(f"| {d} | {loss} | " + " | ".join(by_split.get(s, "") for s in splits) + " |")
+    return "\n".join(lines)
+
+
 def plot(payload: dict, path: Path) -> Optional[Path]:
+    """The picture of a result: against the list length K when the result has that axis
+    (``plot_by_k``), else a bar chart per data set and model kind."""
+    if (payload.get("report") or {}).get("x_axis") == "K":
+        return plot_by_k(payload, path)
+    return plot_bars(payload, path)
+
+
+def plot_by_k(payload: dict, path: Path) -> Optional[Path]:
+    """When does listwise pay off: Δ Spearman and Δ NDCG@10 (rows) of every other Lee bi-encoder
+    loss against CoSENT and against CosineSimilarityLoss (columns), mean ± std of the paired
+    difference over the splits, against K, the documents per step (each ranks the other K - 1)."""
+    recs = [r for r in payload["results"] if r["status"] == "ok" and r.get("k") and r["kind"] == "bi-encoder"
+            and r["op_dataset"] == "Lee"]
+    if not recs:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    by = {(r["op"], r["impl"]): r for r in recs}
+    ks = sorted({r["k"] for r in recs})
+    op_of = {r["k"]: r["op"] for r in recs}
+    refs = ("ST CoSENTLoss", SECOND_REF)
+    losses = [n for n in OrderedDict.fromkeys(r["impl"] for r in recs) if n != "zero-shot"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), squeeze=False, sharex=True)
+    for col, ref in enumerate(refs):
+        for row, (key, title) in enumerate((("spearman", "Δ Spearman ρ"), ("ndcg@10", "Δ NDCG@10"))):
+            ax = axes[row][col]
+            shown = [n for n in losses if n != ref]
+            for i, name in enumerate(shown):
+                xs, ms, ss = [], [], []
+                for k in ks:
+                    mine, theirs = by.get((op_of[k], name)), by.get((op_of[k], ref))
+                    if mine is None or theirs is None:
+                        continue
+                    d = paired_diff(mine, theirs, key)
+                    if d:
+                        xs.append(k * (1 + 0.025 * (i - len(shown) / 2)))   # side by side, not on top
+                        ms.append(d["mean"])
+                        ss.append(d["std"])
+                fastrank = "fastrank" in name
+                ax.errorbar(xs, ms, yerr=ss, marker="o" if fastrank else "s", capsize=3,
+                            linestyle="-" if fastrank else ":", linewidth=2 if fastrank else 1,
+                            label=name.replace("fastrank ", "").replace("ST ", "ST "))
+            ax.axhline(0.0, color="k", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ks)
+            ax.set_xticklabels([str(k) for k in ks])
+            ax.set_title(f"{title} vs {ref.replace('ST ', '')}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            if row == 1:
+                ax.set_xlabel("K: documents per step (each ranks the other K - 1)")
+            if row == 0 and col == 0:
+                ax.legend(fontsize=7, loc="best")
+    n = max(len(r["quality"]["per_split"]) for r in recs)
+    fig.suptitle(f"When does listwise pay off? Lee bi-encoder, paired Δ against the reference loss, mean ± std over "
+                 f"{n} split(s) ({payload['config'].get('setting', '')} setting); solid: fastrank losses",
+                 fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plot_bars(payload: dict, path: Path) -> Optional[Path]:
     """Per data set and model kind: NDCG@10 and Spearman of every loss, mean ± std over the
     splits (bars), the reference loss's mean dashed. None when nothing was measured."""
     ops = [op for op in OrderedDict.fromkeys(r["op"] for r in payload["results"])

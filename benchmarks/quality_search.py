@@ -58,3 +58,10 @@ def best(trials: List[dict]) -> Optional[dict]:
         if out is None or s > top:
             out, top = t, s
     return out
+
+
+def choose(trials: List[dict]) -> dict:
+    """The search's result: the best of the learning-rate stage's winner and the parameter
+    stage's trials (each trial: ``stage`` "search-lr" or "search-params", ``metrics``)."""
+    first = best([t for t in trials if t["stage"] == "search-lr"])
+    return best([first] + [t for t in trials if t["stage"] == "search-params"])

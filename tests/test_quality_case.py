@@ -29,7 +29,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import jobs as jobs_  # noqa: E402
 from benchmarks import judgments as J  # noqa: E402
+from benchmarks import quality_search as S  # noqa: E402
 from benchmarks import quality_report  # noqa: E402
 from benchmarks.cases import quality as Q  # noqa: E402
 
@@ -67,29 +69,119 @@ def test_settings_fixed_and_the_same_keys_everywhere():
     keys = set(Q.SETTINGS["default"])
     assert all(set(s) == keys for s in Q.SETTINGS.values())
     full, default = Q.SETTINGS["full"], Q.SETTINGS["default"]
-    assert full["splits"] >= 5
-    assert default["splits"] <= full["splits"] and default["steps"] <= full["steps"]
-    assert default["splits"] < full["splits"] and default["steps"] < full["steps"]   # a smaller setting
-    assert default["bi_tokens"] <= full["bi_tokens"] and default["ce_tokens"] <= full["ce_tokens"]
+    assert full["splits"] >= 5 and full["search"] and tuple(full["lengths"]) == (3, 6, 12, 25)
+    assert full["bi_tokens"] == 128 and full["ce_list"] >= 12     # whole Lee documents, lists of >= 12 to rerank
+    assert default["splits"] < full["splits"] and set(default["lengths"]) < set(full["lengths"])   # a smaller setting
+    assert max(default["lengths"]) == max(full["lengths"])           # it still reaches the longest lists
     assert default["max_test_items"] is None and full["max_test_items"] is None   # the whole test half
-    args = argparse.Namespace(quick=False, full=False, splits=None, steps=None)
-    assert {k: v for k, v in Q.configuration(args).items() if k in keys} == default
+    args = argparse.Namespace(quick=False, full=False, splits=None, steps=None, lengths=None)
+    conf = Q.configuration(args)
+    assert {k: (tuple(v) if k == "lengths" else v) for k, v in conf.items() if k in keys} == \
+        {k: v for k, v in default.items() if k != "search"}
+    assert conf["lrs"] == [] and conf["fixed_lr"] == Q.FIXED_LR       # the default setting searches nothing
     args.full = True
-    assert Q.configuration(args)["splits"] == full["splits"]
+    conf = Q.configuration(args)
+    assert conf["splits"] == full["splits"] and conf["lrs"] == list(S.LRS) and conf["factors"] == list(S.FACTORS)
+    args.lengths = [1]
+    with pytest.raises(ValueError, match="--lengths"):
+        Q.configuration(args)
 
 
-def test_every_promised_row_has_a_loss():
+def test_every_promised_row_has_a_loss_and_its_grid():
     pytest.importorskip("sentence_transformers")
     assert tuple(Q._bi_losses()) == Q.BI_ROWS[1:] and Q.BI_ROWS[0] == "zero-shot"
     assert tuple(Q._ce_losses()) == Q.CE_ROWS
-    for row in ("fastrank SmoothNDCGLoss", "fastrank KendallSWLoss", "fastrank InBatchListwiseLoss",
-                "CoSENT + fastrank SmoothNDCGLoss", "ST CoSENTLoss", "ST AnglELoss", "ST CosineSimilarityLoss",
-                "ST MultipleNegativesRankingLoss"):
+    for row in ("fastrank SmoothNDCGLoss", "fastrank KendallSWLoss", "CoSENT + fastrank SmoothNDCGLoss",
+                "CosineSimilarity + fastrank SmoothNDCGLoss", "ST CoSENTLoss", "ST AnglELoss",
+                "ST CosineSimilarityLoss"):
         assert row in Q.BI_ROWS
-    for row in ("fastrank CrossEncoderSmoothNDCGLoss", "fastrank CrossEncoderKendallSWLoss", "ST LambdaLoss",
-                "ST ListNetLoss", "ST ListMLELoss", "ST RankNetLoss"):
-        assert row in Q.CE_ROWS
-    assert set(Q.REFERENCES) <= set(Q.BI_ROWS) | set(Q.CE_ROWS)
+    for refs in Q.REFERENCES.values():
+        assert set(refs) <= set(Q.BI_ROWS) | set(Q.CE_ROWS)
+    # the searched parameters start at each library's default, read from the class
+    assert Q.defaults("fastrank SmoothNDCGLoss") == {"tau": 0.01}
+    assert Q.defaults("fastrank KendallSWLoss") == {"alpha": 0.1, "beta": 0.05}
+    assert Q.defaults("ST CoSENTLoss") == {"scale": 20.0} == Q.defaults("ST AnglELoss")
+    assert Q.defaults("ST CosineSimilarityLoss") == {}
+
+
+# ------------------------------------------------------------------ the search
+def test_search_grid_and_choice():
+    assert S.param_grid({"tau": 0.01}) == [{"tau": 0.01}, {"tau": 0.01 * (1 / 3)}, {"tau": 0.01 * 3.0}]
+    assert S.param_grid({"alpha": 0.1, "beta": 0.05}, (2.0,)) == [{"alpha": 0.1, "beta": 0.05},
+                                                                   {"alpha": 0.2, "beta": 0.1}]
+    assert S.param_grid({}) == [{}]
+    m = lambda rho, ndcg: {"spearman": rho, "ndcg@10": ndcg}   # noqa: E731
+    assert S.score(m(0.5, 0.9)) == pytest.approx(0.7) and S.score(m(None, 0.9)) == -math.inf
+    trials = [{"stage": "search-lr", "lr": 1, "metrics": m(0.5, 0.9)},
+              {"stage": "search-lr", "lr": 2, "metrics": m(0.6, 0.8)},     # a tie: the earlier one wins
+              {"stage": "search-lr", "lr": 3, "metrics": m(0.4, 0.9)},
+              {"stage": "search-params", "lr": 1, "p": "a", "metrics": m(0.5, 0.91)},
+              {"stage": "search-params", "lr": 1, "p": "b", "metrics": m(float("nan"), 0.99)}]
+    assert S.best(trials[:3])["lr"] == 1
+    assert S.choose(trials)["p"] == "a"
+    assert S.choose(trials[:3])["lr"] == 1
+    train = np.arange(100, 125)
+    a, b = S.inner_split(train, 3)
+    assert not set(a) & set(b) and set(a) | set(b) == set(train) and len(b) == 10
+    assert all((x == y).all() for x, y in zip(S.inner_split(train, 3), (a, b)))
+
+
+@needs_data
+def test_the_search_sees_only_the_train_half():
+    """Every trial of the search trains and scores on train items alone: the test half is never
+    asked for (the spy fails on any pair set holding a test item) and is in no job."""
+    pytest.importorskip("sentence_transformers")
+    args = argparse.Namespace(quick=False, full=True, splits=None, steps=None, lengths=None)
+    conf = Q.configuration(args)
+    for load in (J.lee, J.simlex):
+        data = load()
+        for split in range(conf["splits"]):
+            train, test = data.split(Q.SEED + split)
+            spy = _spy(data, test)
+            jobs = Q.search_jobs(conf, spy, split, train, "lr")
+            jobs += Q.search_jobs(conf, spy, split, train, "params", {loss: S.LRS[0] for loss in Q.BI_ROWS[1:]})
+            assert len(jobs) == 3 * 7 + 2 * 6          # 3 learning rates each, 2 more parameter values but one
+            for j in jobs:
+                assert set(j["train"]) | set(j["held_out"]) <= set(train.tolist())
+                assert not set(j["train"]) & set(j["held_out"])
+                steps = Q.batches(spy, j["train"], j["kind"], j["k"], 2, j, j["seed"])
+                assert {int(i) for b in steps for i in np.concatenate([b["anchors"], b["partners"].ravel()])} \
+                    <= set(j["train"])
+
+
+@needs_data
+def test_identical_conditions_per_group():
+    """The configuration test: in every group (split, data set, model kind, list length) every
+    row trains on the same items and batches, for the same steps and tokens, from the same seed,
+    and is scored on the same test items; only the loss and the searched values differ."""
+    pytest.importorskip("sentence_transformers")
+    args = argparse.Namespace(quick=False, full=True, splits=None, steps=None, lengths=None)
+    conf = Q.configuration(args)
+    data = {d.name: d for d in (J.lee(), J.simlex())}
+    halves = Q.split_halves(conf, data)
+    chosen = {(s, d, loss): {"lr": S.LRS[(s + i) % 3], "params": S.param_grid(Q.defaults(loss))[-(s % 2)]}
+              for (s, d) in halves for i, loss in enumerate(Q.BI_ROWS[1:])}
+    jobs = Q.bi_eval_jobs(conf, halves, chosen) + Q.unsearched_jobs(conf, halves)
+    groups = {}
+    for j in jobs:
+        if j["loss"] == "zero-shot":
+            continue
+        groups.setdefault((j["split"], j["dataset"], j["kind"], j["k"]), []).append(j)
+    assert len(groups) == conf["splits"] * len(Q.eval_groups(conf))
+    for (s, d, kind, k), js in groups.items():
+        assert sorted(j["loss"] for j in js) == sorted(Q.ROWS[kind][1:] if kind == Q.BI else Q.ROWS[kind])
+        same = {(tuple(j["train"]), tuple(j["held_out"]), j["steps"], j["tokens"], j["seed"], j["k"]) for j in js}
+        assert len(same) == 1
+        train, test = halves[(s, d)]
+        assert list(js[0]["train"]) == train.tolist() and list(js[0]["held_out"]) == test.tolist()
+        prints = {Q.fingerprint(Q.batches(data[d], j["train"], kind, k, j["steps"], j, j["seed"])) for j in js}
+        assert len(prints) == 1
+        if kind == Q.CE:
+            assert {j["lr"] for j in js} == {Q.CE_LR} and all(j["params"] == {} for j in js)
+        else:
+            assert all(j["lr"] == chosen[(s, d, j["loss"])]["lr"] for j in js)
+    assert {j["k"] for j in jobs if j["dataset"] == "Lee" and j["kind"] == Q.BI and j["loss"] != "zero-shot"} \
+        == set(conf["lengths"])
 
 
 # ------------------------------------------------------------------ splits and batches
@@ -99,30 +191,34 @@ def test_split_halves_are_disjoint_and_batches_stay_in_the_train_half(load):
     data = load()
     assert len(data.pairs) == (1225 if data.name == "Lee" else 999)
     assert ((data.scores >= 0) & (data.scores <= 1)).all()
-    setting = Q.SETTINGS["default"]
+    setting = Q.SETTINGS["full"]
     rated = {}
     for (i, j), y in zip(data.pairs.tolist(), data.scores.tolist()):
         rated.setdefault((min(i, j), max(i, j)), []).append(y)
     seen = []
-    for split in range(Q.SETTINGS["full"]["splits"]):
+    shapes = ([(Q.BI, k) for k in setting["lengths"]] + [(Q.CE, setting["ce_list"])] if data.name == "Lee"
+              else [(Q.BI, None), (Q.CE, None)])
+    for split in range(setting["splits"]):
         train, test = data.split(Q.SEED + split)
         assert not set(train) & set(test) and len(train) + len(test) == len(data.items)
         tp, _ = data.within(test)
         assert set(tp.ravel()) <= set(test.tolist()) and len(tp) > 0
         spy = _spy(data, test)
-        for kind in (Q.BI, Q.CE):
-            steps = Q.batches(spy, train, kind, setting, Q.SEED + split)
+        for kind, k in shapes:
+            steps = Q.batches(spy, train, kind, k, setting["steps"], setting, Q.SEED + split)
             assert len(steps) == setting["steps"]
             used = set(np.concatenate([np.concatenate([b["anchors"], b["partners"].ravel()]) for b in steps]).tolist())
             assert used <= set(train.tolist())
             for b in steps:
                 assert b["partners"].shape == b["labels"].shape and len(b["anchors"]) == b["partners"].shape[0]
+                if data.name == "Lee":   # K documents each ranking the other K - 1; one query and k documents
+                    assert b["partners"].shape == ((k, k - 1) if kind == Q.BI else (1, k))
                 assert (np.diff(b["labels"], axis=1) <= 0).all()          # best rated first
                 assert not (b["partners"] == b["anchors"][:, None]).any()
                 for a, row, lab in zip(b["anchors"], b["partners"], b["labels"]):
                     for p, y in zip(row, lab):   # labels are the human ratings (SimLex rates one pair twice)
                         assert y in rated.get(tuple(sorted((int(a), int(p)))), ())
-            again = Q.batches(data, train, kind, setting, Q.SEED + split)
+            again = Q.batches(data, train, kind, k, setting["steps"], setting, Q.SEED + split)
             assert Q.fingerprint(again) == Q.fingerprint(steps)          # built once, the same for every loss
         seen.append(tuple(test[:5]))
     assert len(set(seen)) > 1                                            # the splits differ
@@ -148,17 +244,45 @@ def test_metrics_are_what_they_say():
     assert m["lists"] == 1 and m["pairs"] == 4
 
 
-def test_paired_differences_match_by_split():
-    def rec(impl, values):
-        return {"op": "Lee bi-encoder", "op_dataset": "Lee", "impl": impl, "status": "ok",
+def test_paired_differences_match_by_split_within_a_group():
+    def rec(impl, values, op="Lee bi-encoder K=25"):
+        return {"op": op, "op_dataset": "Lee", "kind": Q.BI, "impl": impl, "status": "ok",
                 "quality": {"per_split": [{"split": s, "ndcg@10": v, "kendall_tau_b": v, "spearman": v}
                                           for s, v in enumerate(values)]}}
-    ref, other = rec("ST CoSENTLoss", [0.5, 0.7]), rec("fastrank SmoothNDCGLoss", [0.6, 0.7])
-    Q.summarize_quality([ref, other])
+    ref, cos = rec("ST CoSENTLoss", [0.5, 0.7]), rec("ST CosineSimilarityLoss", [0.6, 0.6])
+    other = rec("fastrank SmoothNDCGLoss", [0.6, 0.7])
+    elsewhere = rec("ST CoSENTLoss", [0.0, 0.0], op="Lee bi-encoder K=3")   # another list length: never compared
+    Q.summarize_quality([ref, cos, other, elsewhere])
     d = other["quality"]["diff"]["ST CoSENTLoss"]["spearman"]
     assert d["mean"] == pytest.approx(0.05) and d["std"] == pytest.approx(np.std([0.1, 0.0], ddof=1))
+    assert other["quality"]["diff"]["ST CosineSimilarityLoss"]["spearman"]["mean"] == pytest.approx(0.05)
     assert other["quality"]["mean_std"]["spearman"]["mean"] == pytest.approx(0.65)
     assert "ST CoSENTLoss" not in ref["quality"]["diff"]
+    assert "ST CosineSimilarityLoss" not in elsewhere["quality"]["diff"]
+
+
+def test_jobs_run_once_and_resume_from_the_log(tmp_path):
+    """A finished job is logged before the next starts; a resumed run reuses the logged results of
+    the same configuration (and only those), in any number of workers."""
+    jobs = [{"key": f"j{i}", "value": i} for i in range(5)]
+    log = jobs_.Log(tmp_path / "log.jsonl", {"setting": "a"}, resume=False)
+    seen = []
+    out = jobs_.run(jobs[:3], dict, log, workers=1, on_result=lambda j, r: seen.append(j["key"]))
+    assert out == {f"j{i}": jobs[i] for i in range(3)} and seen == ["j0", "j1", "j2"]
+    again = jobs_.Log(tmp_path / "log.jsonl", {"setting": "a"}, resume=True)
+    assert set(again.done) == {"j0", "j1", "j2"}
+    calls = []
+
+    def fn(job):
+        calls.append(job["key"])
+        return dict(job)
+    assert jobs_.run(jobs, fn, again, workers=1) == {j["key"]: j for j in jobs} and calls == ["j3", "j4"]
+    other = jobs_.Log(tmp_path / "log.jsonl", {"setting": "b"}, resume=True)   # another configuration
+    assert not other.done
+    fresh = jobs_.Log(tmp_path / "log.jsonl", {"setting": "a"}, resume=False)  # no --resume: starts over
+    assert not fresh.done and (tmp_path / "log.jsonl").read_text() == ""
+    two = jobs_.Log(None, {}, resume=False)
+    assert jobs_.run(jobs, dict, two, workers=2) == {j["key"]: j for j in jobs}   # worker processes
 
 
 # ------------------------------------------------------------------ training
@@ -189,14 +313,14 @@ def one_thread():
 def test_training_reproduces_at_a_fixed_seed(one_thread):
     data = J.lee()
     train, _ = data.split(Q.SEED)
-    setting = {**Q.SETTINGS["quick"], "steps": 2}
-    steps = Q.batches(data, train, Q.BI, setting, Q.SEED)
+    setting = Q.SETTINGS["quick"]
+    steps = Q.batches(data, train, Q.BI, 3, 2, setting, Q.SEED)
     base = Q._bi_model(setting["bi_tokens"])
-    build = Q._bi_losses()["fastrank SmoothNDCGLoss"]
+    build = Q._bi_losses()["fastrank SmoothNDCGLoss"][0]
     models = []
     for _ in range(2):
         m = copy.deepcopy(base)
-        Q.train_bi(m, build, steps, data.items, setting["lr"], Q.SEED)
+        Q.train_bi(m, build, steps, data.items, 1e-4, Q.SEED, {"tau": 0.03})
         models.append(m)
     a, b = (dict(m.named_parameters()) for m in models)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -206,19 +330,29 @@ def test_training_reproduces_at_a_fixed_seed(one_thread):
 @needs_data
 @needs_model
 def test_smoke_run_gives_every_row_in_one_layout(tmp_path, one_thread):
-    args = argparse.Namespace(quick=True, full=False, splits=None, steps=None, threads=1)
+    args = argparse.Namespace(quick=True, full=False, splits=None, steps=None, lengths=None, threads=1,
+                              workers=1, out=tmp_path, tag=None, resume=False)
     saved = []
     payload = Q.run(args, torch.device("cpu"), saved.append)
-    assert saved and payload["complete"] and payload["case"] == "quality"
+    assert payload["complete"] and payload["case"] == "quality"
+    assert not list(tmp_path.glob(".quality-*"))                    # the job log goes once the run is complete
     recs = payload["results"]
     rows = {(r["op"], r["impl"]) for r in recs}
-    assert len(rows) == len(recs) == 2 * (len(Q.BI_ROWS) + len(Q.CE_ROWS))
+    conf = payload["config"]
+    groups = Q.eval_groups(conf)
+    assert len(rows) == len(recs) == sum(len(Q.ROWS[kind]) for _, kind, _ in groups)
     for r in recs:
         assert r["status"] == "ok", r["reason"]
         assert r["time"]["min_s"] > 0 and len(r["quality"]["per_split"]) == 1
+        if r["kind"] == Q.BI and r["impl"] != "zero-shot":   # the search's trials and its choice, per split
+            split = r["quality"]["per_split"][0]
+            assert split["search"] and {"lr": split["lr"], "params": split["params"]} in \
+                [{"lr": t["lr"], "params": t["params"]} for t in split["search"]]
     for op in {r["op"] for r in recs}:   # one batch sequence per group, for every trained loss
         prints = {r["quality"]["batches"]["0"] for r in recs if r["op"] == op and r["impl"] != "zero-shot"}
         assert len(prints) == 1 and None not in prints
+    assert len(payload["chosen"]) == 2 * (len(Q.BI_ROWS) - 1)       # per data set and searched loss
     md = quality_report.markdown(payload, "provenance")
-    assert "### Lee bi-encoder" in md and "(reference)" in md
+    assert "### Lee bi-encoder K=3" in md and "(reference)" in md and "The search's choices" in md
+    assert "Δ Spearman ρ vs CosineSimilarityLoss" in md
     assert quality_report.plot(payload, tmp_path / "q.png").is_file()

@@ -430,6 +430,41 @@ def search_jobs(conf: dict, data: J.Judgments, split: int, train, stage: str,
     return out
 
 
+def split_halves(conf: dict, data: Dict[str, J.Judgments]) -> Dict[tuple, tuple]:
+    """(split, data set) -> (train items, evaluated test items: the test half, capped in the quick setting)."""
+    out = {}
+    for s in range(conf["splits"]):
+        for d in DATASETS:
+            train, test = data[d].split(SEED + s)
+            out[(s, d)] = (train, test[:conf["max_test_items"]] if conf["max_test_items"] else test)
+    return out
+
+
+def bi_eval_jobs(conf: dict, halves: Dict[tuple, tuple], chosen: Optional[Dict[tuple, dict]] = None) -> List[dict]:
+    """The bi-encoder rows' evaluation jobs of every group: at ``chosen[(split, data set, loss)]``'s
+    learning rate and parameters (the search's), or FIXED_LR and the defaults."""
+    out = []
+    for (s, d), (train, test) in halves.items():
+        for dd, kind, k in eval_groups(conf):
+            if dd != d or kind != BI:
+                continue
+            for loss in BI_ROWS[1:]:
+                c = chosen[(s, d, loss)] if chosen is not None else {"lr": FIXED_LR, "params": defaults(loss)}
+                out.append(make_job(conf, "eval", d, BI, k, loss, s, train, test, c["lr"], c["params"]))
+    return out
+
+
+def unsearched_jobs(conf: dict, halves: Dict[tuple, tuple]) -> List[dict]:
+    """The jobs that wait for no search: zero-shot, the cross-encoders, and (when nothing is
+    searched) the bi-encoder rows."""
+    out = []
+    for (s, d), (train, test) in halves.items():
+        out.append(make_job(conf, "eval", d, BI, None, "zero-shot", s, train, test, None, None))
+        k_ce = conf["ce_list"] if d == "Lee" else None
+        out += [make_job(conf, "eval", d, CE, k_ce, loss, s, train, test, CE_LR, None) for loss in CE_ROWS]
+    return out + ([] if conf["lrs"] else bi_eval_jobs(conf, halves))
+
+
 def cost(job: dict) -> float:
     """A rough relative cost (documents encoded), to start the longest jobs first."""
     if job["loss"] == "zero-shot":
@@ -528,22 +563,9 @@ def run(args, device, save):
     log = J_.Log(_jobs_log(args, conf), conf, resume=bool(getattr(args, "resume", False)))
     if log.done:
         print(f"quality: resuming, {len(log.done)} finished jobs from {log.path}", flush=True)
-    halves = {(s, d): data[d].split(SEED + s) for s in range(conf["splits"]) for d in DATASETS}
-
-    def held_out(s, d):
-        test = halves[(s, d)][1]
-        return test[:conf["max_test_items"]] if conf["max_test_items"] else test
-
+    halves = split_halves(conf, data)
     searched = bool(conf["lrs"])
-    fixed = []   # the jobs that wait for no search: zero-shot, cross-encoders, and everything when not searched
-    for (s, d), (train, _) in halves.items():
-        fixed.append(make_job(conf, "eval", d, BI, None, "zero-shot", s, train, held_out(s, d), None, None))
-        k_ce = conf["ce_list"] if d == "Lee" else None
-        fixed += [make_job(conf, "eval", d, CE, k_ce, loss, s, train, held_out(s, d), CE_LR, None)
-                  for loss in CE_ROWS]
-        if not searched:
-            fixed += [make_job(conf, "eval", d, BI, k, loss, s, train, held_out(s, d), FIXED_LR, defaults(loss))
-                      for dd, kind, k in groups if dd == d and kind == BI for loss in BI_ROWS[1:]]
+    fixed = unsearched_jobs(conf, halves)
 
     def go(jobs):
         return J_.run(sorted(jobs, key=cost, reverse=True), run_job, log, workers, on_result=_say)
@@ -563,12 +585,9 @@ def run(args, device, save):
         for j in stage2:
             trials[(j["split"], j["dataset"], j["loss"])].append({**_trial(j), **done[j["key"]]})
         for key, ts in trials.items():
-            top = S.best([t for t in ts if t["stage"] == "search-lr" and t["lr"] == lr_of[key]]
-                         + [t for t in ts if t["stage"] == "search-params"])
+            top = S.choose(ts)
             chosen[key] = {"lr": top["lr"], "params": top["params"]}
-        final = [make_job(conf, "eval", d, BI, k, loss, s, halves[(s, d)][0], held_out(s, d),
-                          chosen[(s, d, loss)]["lr"], chosen[(s, d, loss)]["params"])
-                 for (s, d) in halves for dd, kind, k in groups if dd == d and kind == BI for loss in BI_ROWS[1:]]
+        final = bi_eval_jobs(conf, halves, chosen)
         go(final)
         evals = final + fixed
     else:
