@@ -172,7 +172,7 @@ def test_pair_test_rounding_matches_reference():
     rel = vals.repeat(3, 1)
     sim = torch.linspace(2, -2, 21).repeat(3, 1)  # every active pair violated
     for alpha in (0.05, 0.1, 0.15, 0.3):
-        loss_n = kendall_op(sim, rel, None, alpha, 1, 0)[0]
+        loss_n = kendall_op(sim, rel, None, [], alpha, 1, 0)[0]
         active = rel.unsqueeze(2) > (rel + alpha).unsqueeze(1)
         hinge = torch.relu(sim.unsqueeze(1) - sim.unsqueeze(2))
         loss_r = (hinge * active).sum((1, 2)) / active.sum((1, 2)).clamp(min=1)
@@ -219,7 +219,7 @@ def test_opcheck():
     for s, r in ((sim, rel), (sim.t(), rel.t()), (sim.double(), rel.double())):
         for mk in (None, mask if s.shape == mask.shape else mask.t()):
             for d, red in ((1, 0), (2, 1), (3, 2), (3, 0)):
-                torch.library.opcheck(kendall_op, (s.clone().requires_grad_(True), r, mk, 0.1, d, red))
+                torch.library.opcheck(kendall_op, (s.clone().requires_grad_(True), r, mk, [], 0.1, d, red))
 
 
 def test_torch_compile_fullgraph():
@@ -547,6 +547,31 @@ def test_per_call_lean():
     names = [e.name for e in prof.function_events]
     assert sum("_KendallFunction" in n for n in names) >= 1
     assert not any("relu" in n or "gather" in n for n in names)
+
+
+# ---- (9b) relevance as lists: fastrank.TopKRelevance (docs/spec.md §2.1b) ------------------------
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 6), (6, 1), (7, 30), (30, 7)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_topk_relevance_equals_its_matrix(impl, shape, masked):
+    """A TopKRelevance gives the loss and gradient of the (N, M) matrix it stands for: rows of
+    at most 3 nonzero entries (ties among them), an all-zero row, unused slots, masks."""
+    n, m = shape
+    g = torch.Generator().manual_seed(17)
+    sim = torch.randn(n, m, generator=g, dtype=torch.float64)
+    rel = torch.zeros(n, m, dtype=torch.float64)
+    for i in range(n):
+        cols = torch.randperm(m, generator=g)[:3]
+        rel[i, cols] = (torch.rand(len(cols), generator=g, dtype=torch.float64) * 4).ceil() / 4
+    rel[n // 2] = 0.0
+    top = fastrank.TopKRelevance.from_dense(rel, min(m, 4))
+    mask = torch.rand(n, m, generator=g) < 0.7 if masked else None
+    for direction, reduction in (("i2t", "none"), ("t2i", "none"), ("both", "mean")):
+        kw = dict(alpha=0.1, direction=direction, reduction=reduction, impl=impl, mask=mask)
+        l_a, g_a = loss_and_grad(sim, rel, **kw)
+        l_b, g_b = loss_and_grad(sim, top, **kw)
+        torch.testing.assert_close(l_b, l_a, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g_b, g_a, rtol=1e-12, atol=1e-12)
 
 
 # ---- (10) CUDA: fused-call properties (skipped without a GPU) --------------------------------

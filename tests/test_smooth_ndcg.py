@@ -188,14 +188,18 @@ def test_half_inputs_cpu(dtype):
 def test_opcheck(direction, reduction):
     sim, rel = rand_case(6, 5, seed=9)
     sim.requires_grad_(True)
-    torch.library.opcheck(smooth_ndcg_op, (sim, rel, None, 0.1, direction, reduction))
-    loss, ws = smooth_ndcg_op(sim.detach(), rel, None, 0.1, direction, reduction)
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, None, [], 0.1, direction, reduction))
+    loss, ws = smooth_ndcg_op(sim.detach(), rel, None, [], 0.1, direction, reduction)
     g = torch.rand(loss.shape, dtype=torch.float64)
     torch.library.opcheck(smooth_ndcg_backward_op, (g, sim.detach(), None, ws, 0.1, direction, reduction))
     # transposed view as input, and a mask
     mask = torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.7
-    torch.library.opcheck(smooth_ndcg_op, (sim.detach().t(), rel.t(), mask.t(), 0.1, direction, reduction))
-    torch.library.opcheck(smooth_ndcg_op, (sim, rel, mask, 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_op, (sim.detach().t(), rel.t(), mask.t(), [], 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, mask, [], 0.1, direction, reduction))
+    # relevance as lists (a TopKRelevance: its rows and columns)
+    from fastrank.ops._launch import relevance_lists
+    lists = relevance_lists(fastrank.TopKRelevance.from_dense(rel, 3), "both")
+    torch.library.opcheck(smooth_ndcg_op, (sim, None, mask, lists, 0.1, direction, reduction))
 
 
 @needs_native
@@ -668,6 +672,169 @@ def test_nonfinite_raises_by_default_on_cpu():
     sim[0, 0] = float("nan")
     with pytest.raises(ValueError, match="sim"):
         fastrank.smooth_ndcg_loss(sim, rel)
+
+
+# ---------------------------------------------------------------- sparse gains (docs/spec.md §2.1b)
+def sparse_case(n, m, seed, dtype=torch.float64, k=3, mask=False, ties=False):
+    """Relevance with at most k nonzero entries a row (ties among them with ``ties``), and rows
+    that are all zero and all nonzero; optionally a mask."""
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.randn(n, m, generator=g, dtype=torch.float64)
+    rel = torch.zeros(n, m, dtype=torch.float64)
+    for i in range(n):
+        cols = torch.randperm(m, generator=g)[:min(k, m)]
+        rel[i, cols] = torch.rand(len(cols), generator=g, dtype=torch.float64)
+    if ties:
+        sim = (sim * 2).round() / 2
+        rel = (rel * 3).ceil() / 3
+    if n > 2:
+        rel[1] = 0.0                                                     # an all-zero list
+        rel[2] = torch.rand(m, generator=g, dtype=torch.float64) + 0.1   # an all-nonzero list
+    msk = (torch.rand(n, m, generator=g) < 0.8) if mask else None
+    return sim.to(dtype), rel.to(dtype), msk
+
+
+def path_run(path, sim, rel, tau, direction, reduction, mask=None, weight=None, impl="native"):
+    """(loss, gradient) with the kernels' pair pass forced (``fastrank._native.pair_path``)."""
+    from fastrank._native import pair_path
+    s = sim.detach().clone().requires_grad_(True)
+    with pair_path(path):
+        loss = fastrank.smooth_ndcg_loss(s, rel, tau, direction, reduction, impl=impl, mask=mask)
+        w = torch.ones_like(loss) if weight is None else weight
+        (g,) = torch.autograd.grad((loss * w).sum(), s)
+    return loss.detach(), g
+
+
+@needs_native
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 9), (9, 1), (5, 40), (40, 5), (33, 70), (4, 600)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mask", [False, True])
+def test_sparse_path_equals_dense_path(n, m, dtype, mask):
+    """The same loss and gradient whichever pair pass a list takes (both forced, and auto):
+    float64 to 1e-12; in float32 each path's error against the float64 reference is within
+    twice the dense path's own."""
+    for seed, ties, tau in [(0, False, 0.05), (1, True, 0.5), (2, False, 1e-3)]:
+        sim, rel, msk = sparse_case(n, m, seed, dtype, k=3, mask=mask, ties=ties)
+        for direction in ("i2t", "t2i", "both"):
+            q = n * (direction != "t2i") + m * (direction != "i2t")
+            w = torch.rand(q, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+            dense = path_run("dense", sim, rel, tau, direction, "none", msk, w)
+            ref = path_run("auto", sim.double(), rel.double(), tau, direction, "none", msk, w.double(),
+                           impl="reference")
+            for path in ("sparse", "auto"):
+                got = path_run(path, sim, rel, tau, direction, "none", msk, w)
+                for i in range(2):
+                    if dtype == torch.float64:
+                        torch.testing.assert_close(got[i], dense[i], rtol=1e-12, atol=1e-12)
+                        torch.testing.assert_close(dense[i], ref[i], rtol=1e-9, atol=1e-11)
+                    else:
+                        own = (dense[i].double() - ref[i]).abs().max().item()
+                        err = (got[i].double() - ref[i]).abs().max().item()
+                        assert err <= 2 * own + 1e-7, (path, i, err, own)
+
+
+@needs_native
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_sparse_path_reductions_long_lists(reduction):
+    """Past the IDCG's counting limit (512 items) and with many nonzero gains (the sparse
+    IDCG counts where the dense one sorts)."""
+    sim, rel, _ = sparse_case(3, 1100, seed=3, k=600)
+    a = path_run("dense", sim, rel, 0.05, "both", reduction)
+    b = path_run("sparse", sim, rel, 0.05, "both", reduction)
+    torch.testing.assert_close(b[0], a[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(b[1], a[1], rtol=1e-12, atol=1e-12)
+
+
+@needs_native
+@pytest.mark.parametrize("path", ["sparse", "auto"])
+def test_sparse_path_gradcheck(path):
+    from fastrank._native import pair_path
+    sim, rel, msk = sparse_case(5, 9, seed=8, k=2, mask=True)
+    sim = (sim * 0.3).requires_grad_(True)
+    with pair_path(path):
+        f = lambda s: fastrank.smooth_ndcg_loss(s, rel, 0.1, "both", "none", impl="native", mask=msk)  # noqa: E731
+        assert torch.autograd.gradcheck(f, (sim,), eps=1e-7, atol=1e-7, rtol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("where", ["zero-gain item", "nonzero-gain item"])
+def test_sparse_path_propagates_nonfinite(monkeypatch, where):
+    monkeypatch.setenv("FASTRANK_CHECK_FINITE", "0")
+    sim, rel, _ = sparse_case(4, 30, seed=9, k=2)
+    j = int((rel[0] == 0).nonzero()[0]) if where == "zero-gain item" else int((rel[0] != 0).nonzero()[0])
+    sim[0, j] = float("nan")
+    loss, grad = path_run("sparse", sim, rel, 0.1, "i2t", "none")
+    assert torch.isnan(loss[0]) and torch.isfinite(loss[1:]).all()
+    assert torch.isnan(grad[0]).any() and torch.isfinite(grad[1:]).all()
+
+
+def topk_of(rel, k, pad=0):
+    """rel's TopKRelevance with k slots a row and ``pad`` extra unused ones (index -1) in the middle."""
+    t = fastrank.TopKRelevance.from_dense(rel, k)
+    if pad:
+        n = rel.shape[0]
+        idx = torch.cat([t.indices[:, :1], torch.full((n, pad), -1, dtype=torch.int64), t.indices[:, 1:]], 1)
+        val = torch.cat([t.values[:, :1], torch.full((n, pad), 7.0, dtype=t.values.dtype), t.values[:, 1:]], 1)
+        t = fastrank.TopKRelevance(idx, val, t.num_columns)
+    return t
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 6), (6, 1), (7, 30), (30, 7)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_topk_relevance_equals_its_matrix(impl, n, m, mask):
+    """A TopKRelevance gives the loss and gradient of the (N, M) matrix it stands for (rows with
+    fewer entries than slots, unused slots of any value, masks, both directions)."""
+    sim, rel, msk = sparse_case(n, m, seed=11, k=3, mask=mask)
+    rel[2:3] = 0.0 if n > 2 else rel[2:3]
+    top = topk_of(rel, min(4, m), pad=1)
+    torch.testing.assert_close(top.to_dense(), rel)
+    for direction in ("i2t", "t2i", "both"):
+        for reduction in ("none", "mean"):
+            a = path_run("auto", sim, rel, 0.1, direction, reduction, msk, impl=impl)
+            b = path_run("auto", sim, top, 0.1, direction, reduction, msk, impl=impl)
+            torch.testing.assert_close(b[0], a[0], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(b[1], a[1], rtol=1e-12, atol=1e-12)
+
+
+@needs_native
+def test_topk_relevance_gradcheck_and_float32():
+    sim, rel, _ = sparse_case(6, 11, seed=12, k=3)
+    top = topk_of(rel, 3)
+    s = (sim * 0.3).requires_grad_(True)
+    f = lambda x: fastrank.smooth_ndcg_loss(x, top, 0.1, "both", "none", impl="native")  # noqa: E731
+    assert torch.autograd.gradcheck(f, (s,), eps=1e-7, atol=1e-7, rtol=1e-5)
+    a = path_run("auto", sim.float(), top.to_dense().float(), 0.1, "both", "mean")   # row 2 cut to its top 3
+    b = path_run("auto", sim.float(), top.to(torch.float32), 0.1, "both", "mean")
+    torch.testing.assert_close(b[0], a[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(b[1], a[1], rtol=1e-6, atol=1e-7)
+
+
+def _bad_topk(sim, what):
+    n, m = sim.shape
+    idx = torch.tensor([[0, 2], [1, -1], [3, 4]])[:n]
+    val = torch.tensor([[0.5, 1.0], [0.2, 0.0], [0.1, 0.3]], dtype=sim.dtype)[:n]
+    T = fastrank.TopKRelevance
+    return {"indices of floats": T(idx.double(), val, m), "values of ints": T(idx, idx, m),
+            "another shape": T(idx[:, :1], val, m), "other columns": T(idx, val, m + 1),
+            "other rows": T(idx[:2], val[:2], m),
+            "index out of range": T(torch.where(idx == 4, m, idx), val, m),
+            "a column twice": T(torch.where(idx == 2, 0, idx), val, m),
+            "negative value": T(idx, val - 1, m),
+            "NaN value": T(idx, torch.full_like(val, float("nan")), m)}[what]
+
+
+@pytest.mark.parametrize("what,exc,match", [
+    ("indices of floats", TypeError, "relevance.indices"), ("values of ints", TypeError, "relevance.values"),
+    ("another shape", ValueError, "relevance.indices"), ("other columns", ValueError, "relevance must have"),
+    ("other rows", ValueError, "relevance must have"), ("index out of range", ValueError, "relevance.indices"),
+    ("a column twice", ValueError, "relevance.indices"), ("negative value", ValueError, "relevance.values"),
+    ("NaN value", ValueError, "relevance.values")])
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_bad_topk_relevance(what, exc, match, impl):
+    sim = torch.randn(3, 5, dtype=torch.float64)
+    with pytest.raises(exc, match=match):
+        fastrank.smooth_ndcg_loss(sim, _bad_topk(sim, what), impl=impl)
 
 
 # ---------------------------------------------------------------- CUDA: the fused-call contract

@@ -32,6 +32,11 @@ inline void export_constants(pybind11::module_& m) {
   reds["mean"] = static_cast<int>(kMean);
   reds["sum"] = static_cast<int>(kSum);
   m.attr("REDUCTION_CODE") = reds;
+  py::dict paths;
+  paths["auto"] = static_cast<int>(kAutoPath);
+  paths["dense"] = static_cast<int>(kDensePath);
+  paths["sparse"] = static_cast<int>(kSparsePath);
+  m.attr("PATH_CODE") = paths;
   m.attr("MAX_KS") = kMaxKs;
   m.def("query_count", &query_count, "per-query losses of a direction code: n if i2t, + m if t2i");
   m.def("smooth_rank_ws_numel", &smooth_rank_ws_numel,

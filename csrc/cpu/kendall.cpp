@@ -28,6 +28,8 @@
 // rounded value as the reference (the compiler cannot rewrite it as r_j - r_k > a).
 #include "fastrank/kendall.h"
 
+#include "relevance_lists.h"
+
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -87,13 +89,15 @@ template <typename T> struct Scratch {
   std::vector<T> t_buf;
   std::vector<int32_t> i_buf;
   std::vector<K> k_buf;
-  T *s0, *r0, *s, *r, *ra, *g, *kf;
+  T *s0, *r0, *s, *r, *ra, *g, *kf, *rel_row;
   int32_t *c0, *c, *c_tmp;
   K *key, *key_tmp;
-  explicit Scratch(int64_t n_pad) : t_buf(7 * n_pad), i_buf(3 * n_pad), k_buf(2 * n_pad) {
+  // rel_row: a query's relevance row built from lists (relevance_lists.h), when given
+  Scratch(int64_t n_pad, bool lists) : t_buf((lists ? 8 : 7) * n_pad), i_buf(3 * n_pad), k_buf(2 * n_pad) {
     T* t = t_buf.data();
     s0 = t; r0 = t + n_pad; s = t + 2 * n_pad; r = t + 3 * n_pad; ra = t + 4 * n_pad; g = t + 5 * n_pad;
     kf = t + 6 * n_pad;
+    rel_row = lists ? t + 7 * n_pad : nullptr;
     c0 = i_buf.data(); c = c0 + n_pad; c_tmp = c0 + 2 * n_pad;
     key = k_buf.data(); key_tmp = key + n_pad;
     for (int64_t k = 0; k < n_pad; ++k) kf[k] = static_cast<T>(k);
@@ -195,20 +199,22 @@ T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
 // One direction: n_q queries of n_c candidates; dsim slab written at out + q * o_q + c * o_c.
 template <typename T>
 void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c,
-                    const uint8_t* mask, int64_t m_q, int64_t m_c, int64_t n_q, int64_t n_c, T alpha, T* out,
-                    int64_t o_q, int64_t o_c, T* qloss, T* qvalid) {
+                    const ListsIn& lists, const uint8_t* mask, int64_t m_q, int64_t m_c, int64_t n_q, int64_t n_c,
+                    T alpha, T* out, int64_t o_q, int64_t o_c, T* qloss, T* qvalid) {
   const int64_t n_pad = (n_c + kPad - 1) / kPad * kPad;
   // below ~50 us of work a parallel region costs more than it saves (and on a busy
   // machine it can wait a whole time slice for its second thread)
   const bool parallel = n_q > 1 && n_q * n_pad * n_pad / 2 >= (int64_t(1) << 18);
   auto query = [&](Scratch<T>& w, int64_t q) {
       const T* srow = sim + q * s_q;
-      const T* rrow = rel + q * r_q;
+      const RowView<T> rv = relevance_row(lists, rel, r_q, r_c, q, n_c, w.rel_row);
+      const T* rrow = rv.row;
+      const int64_t rc = rv.stride;
       T* orow = out + q * o_q;
       int64_t v = 0;
       if (mask == nullptr) {
         gather_row(srow, s_c, n_c, w.s0);
-        gather_row(rrow, r_c, n_c, w.r0);
+        gather_row(rrow, rc, n_c, w.r0);
         for (int64_t c = 0; c < n_c; ++c) w.c0[c] = static_cast<int32_t>(c);
         v = n_c;
       } else {
@@ -216,7 +222,7 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
         for (int64_t c = 0; c < n_c; ++c) {
           if (mrow[c * m_c]) {
             w.s0[v] = srow[c * s_c];
-            w.r0[v] = rrow[c * r_c];
+            w.r0[v] = rrow[c * rc];
             w.c0[v] = static_cast<int32_t>(c);
             ++v;
           }
@@ -228,13 +234,13 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
       qvalid[q] = v > 0 ? T(1) : T(0);
   };
   if (!parallel) {  // no OpenMP region at all for small problems (its entry costs ~1 us)
-    Scratch<T> w(n_pad);
+    Scratch<T> w(n_pad, lists.offsets != nullptr);
     for (int64_t q = 0; q < n_q; ++q) query(w, q);
     return;
   }
 #pragma omp parallel
   {
-    Scratch<T> w(n_pad);
+    Scratch<T> w(n_pad, lists.offsets != nullptr);
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < n_q; ++q) query(w, q);
   }
@@ -259,12 +265,13 @@ void forward_impl(const KendallForward& p) {
   int64_t off = 0, slab = 0;
   int64_t offs[2] = {0, 0}, counts[2] = {0, 0};
   if (i2t) {
-    direction_pass(sim, s0, s1, rel, r0, r1, mask, m0, m1, n, m, alpha, dsim, m, int64_t(1), qloss, qvalid);
+    direction_pass(sim, s0, s1, rel, r0, r1, p.rel_i2t, mask, m0, m1, n, m, alpha, dsim, m, int64_t(1), qloss,
+                   qvalid);
     offs[slab] = off; counts[slab] = n; off += n; ++slab;
   }
   if (t2i) {
-    direction_pass(sim, s1, s0, rel, r1, r0, mask, m1, m0, m, n, alpha, dsim + slab * n * m, int64_t(1), m,
-                   qloss + off, qvalid + off);
+    direction_pass(sim, s1, s0, rel, r1, r0, p.rel_t2i, mask, m1, m0, m, n, alpha, dsim + slab * n * m, int64_t(1),
+                   m, qloss + off, qvalid + off);
     offs[slab] = off; counts[slab] = m; off += m; ++slab;
   }
   reduce_queries(aux, n_total, static_cast<int>(slab), offs, counts, reduction, loss);

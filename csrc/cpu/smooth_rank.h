@@ -130,9 +130,14 @@ template <typename T> struct Scratch {
   std::vector<T> s, y, p, g, a;
   std::vector<int64_t> idx;
   std::vector<T> d;  // sigma' of the rank pass, kept for the gradient pass (empty: recompute)
-  Scratch(int64_t c, bool with_grad)
-      : s(padded(c)), y(padded(c)), p(padded(c)), g(padded(c)), a(padded(c)), idx(c) {
-    if (with_grad && tri_size(c) * int64_t(sizeof(T)) <= kSigmaCacheBytes) d.resize(tri_size(c));
+  explicit Scratch(int64_t c) : s(padded(c)), y(padded(c)), p(padded(c)), g(padded(c)), a(padded(c)), idx(c) {}
+  // The sigma' cache for a list of nv items, made on first use (a call whose lists all take
+  // the sparse path never makes it); null where it would not fit kSigmaCacheBytes.
+  T* sigma_cache(int64_t nv) {
+    const int64_t need = tri_size(nv);
+    if (need * int64_t(sizeof(T)) > kSigmaCacheBytes) return nullptr;
+    if (d.size() < size_t(need)) d.resize(need);
+    return d.data();
   }
 };
 
@@ -299,11 +304,14 @@ void rank_grad(const T* __restrict s, const T* __restrict d, const T* __restrict
 // Sums over all nv items (s padded with -inf and f with 0 up to padded(nv): a padding lane
 // adds exactly 0) for row item j: sum sigma(x), sum f sigma(x), sum sigma'(x), sum f sigma'(x),
 // x = (s_k - s_j) / tau, self included (sigma(0) = 1/2 and sigma'(0) = 1/4 exactly: the callers
-// take the self terms out, or let them cancel). kFlagged: also the f-weighted sums.
-// kStore: d[k] = sigma'(x) for the gradient pass.
-template <bool kFlagged, bool kStore, typename T>
-inline void subset_row(const T* __restrict s, const T* __restrict f, T sj, T inv_tau, int64_t pad, T* __restrict d,
-                       T* sums) {
+// take the self terms out, or let them cancel), or, kSelfOut, the self lane (k = jself) left out
+// of every sum and of d: a head whose rows' own gradient entries can be small next to their
+// coefficient (smooth-NDCG's sparse path) then never adds and subtracts the 1/4 (float32
+// would keep eps / 4 of it). kFlagged: also the f-weighted sums. kStore: d[k] = sigma'(x) for
+// the gradient pass.
+template <bool kFlagged, bool kStore, bool kSelfOut, typename T>
+inline void subset_row(const T* __restrict s, const T* __restrict f, T sj, int64_t jself, T inv_tau, int64_t pad,
+                       T* __restrict d, T* sums) {
   T a = 0, b = 0, c = 0, e2 = 0;
 #pragma omp simd reduction(+ : a, b, c, e2)
   for (int64_t k = 0; k < pad; ++k) {
@@ -311,8 +319,13 @@ inline void subset_row(const T* __restrict s, const T* __restrict f, T sj, T inv
     const T e = exp_nonpos(x >= T(0) ? -x : x);
     const T av = T(1) / (T(1) + e);
     const T bv = e * av;
-    const T pos = x >= T(0) ? av : bv;
-    const T der = av * bv;
+    T pos = x >= T(0) ? av : bv;
+    T der = av * bv;
+    if constexpr (kSelfOut) {
+      const bool self = k == jself;
+      pos = self ? T(0) : pos;
+      der = self ? T(0) : der;
+    }
     a += pos;
     c += der;
     if constexpr (kFlagged) {
@@ -328,43 +341,51 @@ inline void subset_row(const T* __restrict s, const T* __restrict f, T sj, T inv
 }
 
 // For the rows r (items rows[r]): A_r = 1 + sum_{k != j} sigma(x_jk) and, kFlagged,
-// B_r = 1 + sum_{k != j} f_k sigma(x_jk) (j is flagged itself: a positive), and the
-// self-inclusive S1_r = sum_k sigma'(x_jk), S2_r = sum_k f_k sigma'(x_jk). With d (np x
-// padded(nv)), row r's sigma' values go to d + r * padded(nv).
-template <bool kFlagged, typename T>
+// B_r = 1 + sum_{k != j} f_k sigma(x_jk) (j is flagged itself: a positive), and
+// S1_r = sum_k sigma'(x_jk), S2_r = sum_k f_k sigma'(x_jk), self-inclusive (kSelfOut: k != j).
+// With d (np x padded(nv)), row r's sigma' values go to d + r * padded(nv) (kSelfOut: 0 at j).
+template <bool kFlagged, bool kSelfOut = false, typename T>
 void subset_ranks(const T* s, const T* f, int64_t nv, const int64_t* rows, int64_t np, T inv_tau, T* A, T* B,
                   T* S1, T* S2, T* d) {
   const int64_t pad = padded(nv);
   for (int64_t r = 0; r < np; ++r) {
     T sums[4];
-    const T sj = s[rows[r]];
-    if (d != nullptr) subset_row<kFlagged, true>(s, f, sj, inv_tau, pad, d + r * pad, sums);
-    else subset_row<kFlagged, false>(s, f, sj, inv_tau, pad, d, sums);
-    A[r] = sums[0] + T(0.5);  // 1 + (sum - sigma(0))
-    B[r] = sums[1] + T(0.5);
+    const int64_t j = rows[r];
+    const T sj = s[j];
+    if (d != nullptr) subset_row<kFlagged, true, kSelfOut>(s, f, sj, j, inv_tau, pad, d + r * pad, sums);
+    else subset_row<kFlagged, false, kSelfOut>(s, f, sj, j, inv_tau, pad, d, sums);
+    A[r] = sums[0] + (kSelfOut ? T(1) : T(0.5));  // 1 + (sum - sigma(0)) when self-inclusive
     S1[r] = sums[2];
-    S2[r] = sums[3];
+    if constexpr (kFlagged) {  // B and S2 may be null otherwise
+      B[r] = sums[1] + (kSelfOut ? T(1) : T(0.5));
+      S2[r] = sums[3];
+    }
   }
 }
 
 // g_k = sum_r sigma'(x_{j_r k}) (u_r + v_r f_k) - [k = j_r] (u_r S1_r + v_r S2_r): the
 // derivative of sum_r (u_r A_r + v_r B_r) by s_k, times tau (the self pairs of the two
-// parts cancel). g has padded(nv) entries; sigma' from d when not null.
-template <bool kFlagged, typename T>
+// parts cancel; kSelfOut: there are none, as in subset_ranks). g has padded(nv) entries;
+// sigma' from d when not null.
+template <bool kFlagged, bool kSelfOut = false, typename T>
 void subset_grad(const T* __restrict s, const T* __restrict f, int64_t nv, const int64_t* rows, int64_t np,
                  T inv_tau, const T* u, const T* v, const T* S1, const T* S2, const T* d, T* __restrict g) {
   const int64_t pad = padded(nv);
   std::fill(g, g + pad, T(0));
   for (int64_t r = 0; r < np; ++r) {
     const T ur = u[r], vr = kFlagged ? v[r] : T(0), sj = s[rows[r]];
+    const int64_t j = rows[r];
     if (d != nullptr) {  // two loops: a select inside one would compute the exp either way
       const T* __restrict dr = d + r * pad;
 #pragma omp simd
       for (int64_t k = 0; k < pad; ++k) g[k] += dr[k] * (kFlagged ? ur + vr * f[k] : ur);
     } else {
 #pragma omp simd
-      for (int64_t k = 0; k < pad; ++k)
-        g[k] += logistic_deriv((s[k] - sj) * inv_tau) * (kFlagged ? ur + vr * f[k] : ur);
+      for (int64_t k = 0; k < pad; ++k) {
+        T der = logistic_deriv((s[k] - sj) * inv_tau);
+        if constexpr (kSelfOut) der = k == j ? T(0) : der;
+        g[k] += der * (kFlagged ? ur + vr * f[k] : ur);
+      }
     }
   }
   for (int64_t r = 0; r < np; ++r) g[rows[r]] -= u[r] * S1[r] + (kFlagged ? v[r] * S2[r] : T(0));

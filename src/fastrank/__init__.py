@@ -7,13 +7,14 @@ from ._version import __version__
 from ._native import backends
 from . import nn
 from .ops.registry import LOSSES as _LOSSES
+from .topk import TopKRelevance
 
 # the functional form of every row of the table of losses (src/fastrank/ops/registry.py):
 # native ops (fused C++/CUDA kernels, the pure-PyTorch reference with impl="reference") and
 # the vectorised PyTorch losses, in the table's order
 _FUNCTIONALS = {row.functional.__name__: row.functional for row in _LOSSES.values()}
 globals().update(_FUNCTIONALS)
-__all__ = ["__version__", "backends", "nn"]
+__all__ = ["__version__", "backends", "nn", "TopKRelevance"]
 __all__ += list(_FUNCTIONALS)
 
 _LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed", "compat", "memory")

@@ -15,6 +15,8 @@ fails because of it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import importlib
 import os
 import warnings
@@ -234,6 +236,32 @@ DTYPE_CODE = {getattr(torch, name): code for name, code in _constants.DTYPE_CODE
 DIRECTION_CODE = dict(_constants.DIRECTION_CODE) if _constants else {}
 REDUCTION_CODE = dict(_constants.REDUCTION_CODE) if _constants else {}
 MAX_KS = int(_constants.MAX_KS) if _constants else None
+PATH_CODE = dict(_constants.PATH_CODE) if _constants else {}
+
+# The pair pass of the graded losses' lists (docs/spec.md §2.1b): "auto" (the cheaper one, per
+# list), or "dense" / "sparse" forced, for the tests that compare them and the benchmarks that
+# time them. The values are the same either way (to rounding).
+_pair_path = "auto"
+
+
+def pair_path_code() -> int:
+    """The code of the pair pass the graded losses' kernels take (``pair_path``)."""
+    return PATH_CODE.get(_pair_path, 0)
+
+
+@contextlib.contextmanager
+def pair_path(path: str):
+    """``with fastrank._native.pair_path("dense"):`` forces the dense (every pair of a list) or
+    the sparse (nonzero-gain items x all items) pass of smooth-NDCG's kernels inside the block;
+    "auto" is the default."""
+    global _pair_path
+    if path not in ("auto", "dense", "sparse"):
+        raise ValueError(f"path must be one of ('auto', 'dense', 'sparse'), got {path!r}")
+    before, _pair_path = _pair_path, path
+    try:
+        yield
+    finally:
+        _pair_path = before
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

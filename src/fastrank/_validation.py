@@ -169,9 +169,13 @@ def check_data(sim: torch.Tensor, relevance: Optional[torch.Tensor] = None, *,
         return
     if not all_finite(sim):
         raise ValueError(f"{sim_name} contains NaN or infinite values")
-    if relevance is not None:
+    if relevance is None:
+        return
+    if isinstance(relevance, torch.Tensor):
         check_relevance_values(relevance, minimum=relevance_min, label_range=label_range, loss=loss,
                                name=relevance_name)
+    else:   # a TopKRelevance (docs/spec.md §2.1b)
+        check_topk_values(relevance, minimum=relevance_min, loss=loss)
 
 
 def check_sim(sim, *, values: bool = True) -> torch.Tensor:
@@ -198,6 +202,45 @@ def check_like(x, name: str, ref: torch.Tensor, ref_name: str = "sim", *,
 
 def check_relevance(relevance, sim: torch.Tensor, *, values: bool = True) -> torch.Tensor:
     return check_like(relevance, "relevance", sim, values=values)
+
+
+def check_topk_relevance(relevance, sim: torch.Tensor):
+    """A :class:`fastrank.TopKRelevance` for sim (docs/spec.md §2.1b), structure only: indices
+    int64 (N, k), values float (N, k), num_columns = M, on sim's device. Metadata only: no
+    value is read (:func:`check_topk_values` reads them)."""
+    idx, val, m = relevance.indices, relevance.values, relevance.num_columns
+    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64:
+        raise TypeError(f"relevance.indices must be an int64 torch.Tensor, got "
+                        f"{idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__}")
+    check_tensor(val, "relevance.values", 2, finite=False, allow_empty=True)
+    if idx.dim() != 2 or idx.shape != val.shape:
+        raise ValueError(f"relevance.indices must be 2-D with the shape of relevance.values "
+                         f"{tuple(val.shape)}, got {tuple(idx.shape)}")
+    if idx.shape[0] != sim.shape[0] or not isinstance(m, int) or m != sim.shape[1]:
+        raise ValueError(f"relevance must have the shape of sim {tuple(sim.shape)}, got {idx.shape[0]} rows of "
+                         f"{m!r} columns")
+    for name, t in (("relevance.indices", idx), ("relevance.values", val)):
+        if t.device != sim.device:
+            raise ValueError(f"{name} is on {t.device} but sim is on {sim.device}")
+    return relevance
+
+
+def check_topk_values(relevance, *, minimum: Optional[float] = None, loss: str = "") -> None:
+    """The values of a :class:`fastrank.TopKRelevance` (the caller has decided the value check
+    is on): indices in [-1, num_columns), no column twice in a row, values finite (and >=
+    ``minimum``) where an entry is listed. Reads the data (a host sync on CUDA)."""
+    idx, val, m = relevance.indices, relevance.values, relevance.num_columns
+    if idx.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(idx))
+    if lo < -1 or hi >= m:
+        raise ValueError(f"relevance.indices must lie in [-1, {m}) (-1: no entry), got values in [{lo}, {hi}]")
+    srt = torch.sort(idx, dim=1).values
+    if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
+        raise ValueError("relevance.indices must not list a column twice in a row")
+    listed = val[idx >= 0]
+    if listed.numel():
+        check_relevance_values(listed, minimum=minimum, loss=loss, name="relevance.values")
 
 
 def check_mask(mask, sim: torch.Tensor) -> Optional[torch.Tensor]:

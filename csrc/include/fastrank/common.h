@@ -222,6 +222,10 @@ template <typename A> FR_HD A logistic_deriv(A x) {
 // (codes exported to Python by csrc/bindings/constants.h: DIRECTION_CODE, REDUCTION_CODE).
 enum Direction : int { kI2T = 1, kT2I = 2, kBoth = 3 };
 enum Reduction : int { kNone = 0, kMean = 1, kSum = 2 };
+// Which pair pass a list of graded relevance takes (docs/spec.md §2.1b): the cheaper one
+// (auto), or one forced (the tests compare them, the benchmarks time them): dense = every
+// pair of the list, sparse = the items of nonzero gain against every item.
+enum Path : int { kAutoPath = 0, kDensePath = 1, kSparsePath = 2 };
 
 // ---- NaN propagation (docs/spec.md §1) -------------------------------------------------
 // On CUDA no host check runs by default: a NaN or inf in the input must reach the loss

@@ -38,11 +38,17 @@ inline int64_t kendall_aux_numel(int64_t n, int64_t m, int direction) { return 2
 
 // The forward's and the backward's parameters (the CPU takes relevance in sim's dtype only;
 // CUDA adds the stream).
+// The relevance is the matrix `rel` or, when rel_i2t.offsets is set (CPU), the lists rel_i2t
+// (the n rows) and rel_t2i (the m columns) in rel_dt (docs/spec.md §2.1b). The pair pass
+// visits only the pairs whose relevance differs by more than alpha: with alpha >= 0 a pair
+// of two zero-relevance items is never one, so a list with k nonzero items costs O(C * k)
+// after its O(C) sort by relevance, whatever the form of the relevance.
 struct KendallForward {
   Lists lists;
   DType rel_dt;
   MatIn sim, rel;
   MaskIn mask;
+  ListsIn rel_i2t, rel_t2i;
   double alpha;
   void* loss;
   void* dsim;

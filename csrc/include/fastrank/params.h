@@ -25,6 +25,17 @@ template <typename P> struct Strided {
 using MatIn = Strided<const void>;      // scores or labels in a DType of the struct
 using MaskIn = Strided<const uint8_t>;  // a bool matrix read as bytes; data null = every item valid
 
+// Relevance given as lists (docs/spec.md §2.1b, fastrank.TopKRelevance), a sparse matrix by
+// queries: query q's entries are positions offsets[q] .. offsets[q + 1] - 1 of index (the
+// candidate; one outside [0, candidates) is no entry) and value (its relevance, in the
+// relevance dtype of the struct). Every candidate not listed has relevance 0. offsets null:
+// not given (the relevance is a matrix).
+struct ListsIn {
+  const int64_t* offsets;
+  const int64_t* index;
+  const void* value;
+};
+
 // A strided vector (the upstream gradient of per-query losses: stride 0 for a broadcast one).
 struct VecIn {
   const void* data;

@@ -50,10 +50,17 @@ inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
 namespace cpu {
 // The forward keeps G in ws while each list is in cache (with_grad = false: it skips that
 // pass); the backward is then elementwise over ws and never reads sim.
+// The relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n
+// rows) and rel_t2i (the m columns), values in sim's storage type. A list whose items are
+// mostly of gain 0 takes the sparse path: ranks for its nonzero-gain items only, each against
+// every item, O(C * k) instead of O(C^2) (docs/spec.md §2.1b); `paths` chooses (kAutoPath,
+// kDensePath, kSparsePath: the tests and benchmarks force one).
 struct SmoothNdcgForward {
   Lists lists;
-  MatIn sim, rel;  // rel in sim's storage type
+  MatIn sim, rel;
   MaskIn mask;
+  ListsIn rel_i2t, rel_t2i;
+  int paths;
   double tau;
   bool with_grad;
   void* out;

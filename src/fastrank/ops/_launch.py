@@ -87,6 +87,35 @@ def call(name: str, like: torch.Tensor, *args):
     return getattr(cpu_module(), name)(code, *args)
 
 
+NO_LISTS = (0, 0, 0) * 2
+
+
+def lists_args(lists, dtype: torch.dtype):
+    """(the kernel's two ListsIn: rows, then columns, each offsets, index and values pointers;
+    the value tensors they point into, in ``dtype``, to keep alive for the call) of a
+    relevance given as lists (docs/spec.md §2.1b; :func:`relevance_lists`)."""
+    values = [v if v.dtype == dtype else v.to(dtype) for v in (lists[2], lists[5])]
+    return (lists[0].data_ptr(), lists[1].data_ptr(), values[0].data_ptr(),
+            lists[3].data_ptr(), lists[4].data_ptr(), values[1].data_ptr()), values
+
+
+def relevance_lists(relevance, direction: str) -> list:
+    """A :class:`fastrank.TopKRelevance` as an op takes it: the rows' and the columns'
+    (offsets, index, values) in turn (``TopKRelevance.row_lists``, ``column_lists``); a
+    direction not asked for gets the rows' (never read)."""
+    rows = relevance.row_lists()
+    cols = relevance.column_lists() if direction != "i2t" else rows
+    return [*rows, *cols]
+
+
+def dense_from_lists(lists, n: int, m: int) -> torch.Tensor:
+    """The (n, m) relevance matrix of an op's lists (for kernels that read the matrix)."""
+    from ..topk import TopKRelevance
+    index, values = lists[1], lists[2]
+    k = index.numel() // max(n, 1)
+    return TopKRelevance(index.reshape(n, k), values.reshape(n, k), m).to_dense()
+
+
 def mask_args(mask):
     """(pointer, row stride, column stride) of an optional bool mask; (0, 0, 0) for None.
     The kernels read a bool as one byte (0 or 1)."""
@@ -97,4 +126,4 @@ def mask_args(mask):
 
 
 __all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "module_for", "mask_args",
-           "DIRECTION_CODE", "REDUCTION_CODE"]
+           "lists_args", "relevance_lists", "dense_from_lists", "NO_LISTS", "DIRECTION_CODE", "REDUCTION_CODE"]

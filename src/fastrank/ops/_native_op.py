@@ -118,6 +118,7 @@ class NativeOp:
         # arguments (saved), its outputs (kept), its other arguments and sim's dtype (hyper)
         hints = typing.get_type_hints(forward)
         tensor_params = [p for p in self.params if "Tensor" in str(hints[p])]
+        self._tensor_lists = frozenset(i for i, p in enumerate(self.params) if "List[torch.Tensor]" in str(hints[p]))
         back = self.backward.params
         grads = [p for p in back if p.startswith("grad")]
         saved = [self.params.index(p) for p in back if p in tensor_params]
@@ -165,10 +166,13 @@ class NativeOp:
         ctx.save_for_backward(*self._saved(inputs), *self._kept(output))
         ctx.hyper = self.hyper(inputs)
         ctx.mark_non_differentiable(*[output[i] for i in self._residual])
+        # a Tensor[] argument's gradient is a list of its length (of None)
+        ctx.no_grads = tuple([None] * len(inputs[i]) if i in self._tensor_lists else None
+                             for i in range(1, len(inputs)))
 
     def _op_backward(self, ctx, *grads):
         grad = self.backward.op(*self.backward_args(grads[:self.public], ctx.saved_tensors, ctx.hyper))
-        return (grad,) + (None,) * (len(self.params) - 1)
+        return (grad,) + ctx.no_grads
 
     # ------------------------------------------------------------ the contract's samples
     def samples(self, args: tuple, upstream: Callable[[Tensor], Tensor]) -> list:

@@ -13,7 +13,7 @@ Memory: sim, relevance, at most two dsim slabs and the gradient: five N x M matr
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Union
 
 import torch
 from torch import Tensor
@@ -22,7 +22,9 @@ from .. import _validation as V
 from .._native import DTYPE_CODE, has_native
 from ..reference.kendall import kendall_reference
 from ._floor import pair_count, rw_bytes
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mask_args, mat
+from ..topk import TopKRelevance
+from ._launch import (DIRECTION_CODE, NO_LISTS, REDUCTION_CODE, acc_dtype, call, cuda_kernels, dense_from_lists,
+                      kernel_relevance, lists_args, mask_args, mat, relevance_lists)
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import Backward, NativeOp
@@ -40,19 +42,28 @@ def aux_numel(n: int, m: int, direction: int) -> int:
     return 2 * _n_total(n, m, direction) + 2
 
 
-def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], alpha: float, direction: int,
-             reduction: int):
+def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], lists: List[Tensor],
+             alpha: float, direction: int, reduction: int):
     """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
-    accumulation dtype), mask bool or None (any strides). Returns (loss, dsim (n_dir, N, M), aux), see kendall.h."""
+    accumulation dtype), or None and ``lists`` (a TopKRelevance's rows and columns:
+    ``_launch.relevance_lists``), mask bool or None (any strides). Returns (loss, dsim (n_dir,
+    N, M), aux), see kendall.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    relevance = kernel_relevance(sim, relevance)
+    rel_lists = NO_LISTS
+    if relevance is None:   # lists: the CPU kernel reads them (CUDA: the matrix, for now)
+        if cuda_kernels(sim):
+            relevance = dense_from_lists(lists, n, m)
+        else:
+            rel_lists, _held = lists_args(lists, sim.dtype)
+    relevance = kernel_relevance(sim, relevance) if relevance is not None else None
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
     aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
-    call("kendall_forward", sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim), *mat(relevance),
-         *mask_args(mask), alpha, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
+    call("kendall_forward", sim, n, m, direction, reduction, DTYPE_CODE[sim.dtype if relevance is None else relevance.dtype],
+         *mat(sim), *(mat(relevance) if relevance is not None else (0, 0, 0)), *mask_args(mask), *rel_lists, alpha,
+         loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
     return loss, dsim, aux
 
 
@@ -68,7 +79,7 @@ def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim_dtype: torch.dty
     return grad
 
 
-def _fake_forward(sim, relevance, mask, alpha, direction, reduction):
+def _fake_forward(sim, relevance, mask, lists, alpha, direction, reduction):
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     n_total = _n_total(n, m, direction)
@@ -102,7 +113,7 @@ def _check_hyper(alpha, direction, reduction):
     return V.check_nonnegative(alpha, "alpha"), V.check_direction(direction), V.check_reduction(reduction)
 
 
-def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: str = "both",
+def kendall_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], alpha: float = 0.1, direction: str = "both",
                  reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
     """Kendall ranking loss (docs/spec.md §2.2; BCLS, Eq. 17), the full pairwise form.
 
@@ -111,7 +122,10 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
-        relevance: (N, M) graded relevance; no gradient flows to it.
+        relevance: (N, M) graded relevance, or a :class:`fastrank.TopKRelevance` (each row's k
+            best entries, the rest 0: never expanded to (N, M)); no gradient flows to it. Only
+            the pairs whose relevance differs by more than alpha are visited: a list with k
+            nonzero entries costs O(M * k) after an O(M) sort (docs/spec.md §2.1b).
         alpha: relaxation (>= 0): pairs whose relevance differs by alpha or less are ignored.
         direction: "i2t", "t2i" or "both" (sum of the two).
         reduction: "mean", "sum" or "none".
@@ -127,7 +141,11 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     check off (CUDA default) the loss and gradient come back non-finite.
     """
     V.check_sim(sim, values=False)
-    V.check_relevance(relevance, sim, values=False)
+    topk = isinstance(relevance, TopKRelevance)
+    if topk:
+        V.check_topk_relevance(relevance, sim)
+    else:
+        V.check_relevance(relevance, sim, values=False)
     mask = V.check_mask(mask, sim)
     alpha, direction, reduction = _check_hyper(alpha, direction, reduction)
     impl = V.check_impl(impl)
@@ -135,8 +153,12 @@ def kendall_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, direction: 
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
         acc = acc_dtype(sim.dtype)
-        return kendall_reference(sim.to(acc), relevance.to(acc), alpha, direction, reduction, mask)
-    return KENDALL(sim, relevance, mask, alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+        rel = relevance.to_dense(acc) if topk else relevance.to(acc)
+        return kendall_reference(sim.to(acc), rel, alpha, direction, reduction, mask)
+    if topk:
+        return KENDALL(sim, None, mask, relevance_lists(relevance, direction), alpha, DIRECTION_CODE[direction],
+                       REDUCTION_CODE[reduction])
+    return KENDALL(sim, relevance, mask, [], alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
 class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"), check=_check_hyper):
@@ -146,7 +168,7 @@ class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), h["alpha"], *C.codes(h)),
+    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["alpha"], *C.codes(h)),
     C.graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),))

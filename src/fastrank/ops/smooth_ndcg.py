@@ -11,18 +11,20 @@ src/fastrank/ops/_native_op.py from ``_forward`` / ``_backward``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Union
 
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, acc_dtype, has_native
+from .._native import DTYPE_CODE, acc_dtype, has_native, pair_path_code
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
+from ..topk import TopKRelevance
 from . import _smooth_rank
 from . import _contract as C
 from ._floor import PASSES, pair_count, rw_bytes
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, kernel_input, mask_args, mat, module_for
+from ._launch import (DIRECTION_CODE, NO_LISTS, REDUCTION_CODE, call, cuda_kernels, dense_from_lists, kernel_input,
+                      lists_args, mask_args, mat, module_for, relevance_lists)
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
@@ -31,16 +33,24 @@ from ._row import Loss
 _sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
 
 
-def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float, direction: int,
-             reduction: int, with_grad: bool = True):
+def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], lists: List[Tensor],
+             tau: float, direction: int, reduction: int, with_grad: bool = True):
+    """relevance: the (N, M) matrix, or None and ``lists`` (a TopKRelevance's rows and columns as
+    the kernels read them: offsets, index and values of each, ``_lists``)."""
     s = kernel_input(sim)
     acc = acc_dtype(s.dtype)
     cuda = cuda_kernels(s)
     # CPU kernels read relevance in sim's kernel dtype (float32/float64 = the accumulation
     # type); CUDA kernels in sim's dtype or the accumulation type, never rounded to half
     keep = (s.dtype, acc) if cuda else (s.dtype,)
-    r = relevance if relevance.dtype in keep else relevance.to(acc)
     n, m = s.shape
+    rel_lists = NO_LISTS
+    if relevance is None:   # lists: the CPU kernels read them (CUDA: the matrix, for now)
+        if cuda:
+            relevance = dense_from_lists(lists, n, m)
+        else:
+            rel_lists, _held = lists_args(lists, s.dtype)
+    r = None if relevance is None else relevance if relevance.dtype in keep else relevance.to(acc)
     q, ws_numel = _sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
@@ -50,8 +60,8 @@ def _forward(sim: Tensor, relevance: Tensor, mask: Optional[Tensor], tau: float,
         call("smooth_ndcg_forward", s, n, m, direction, reduction, DTYPE_CODE[r.dtype], *mat(s), *mat(r),
              *mask_args(mask), tau, out.data_ptr(), ws.data_ptr(), part.data_ptr())
     else:
-        call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *mat(r), *mask_args(mask), tau,
-             int(with_grad), out.data_ptr(), ws.data_ptr())
+        call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *(mat(r) if r is not None else (0, 0, 0)),
+             *mask_args(mask), *rel_lists, pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr())
     return out, ws
 
 
@@ -62,7 +72,7 @@ def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor,
                                       lambda s: (*(mat(s) if cuda_kernels(s) else ()), *mask_args(mask), tau))
 
 
-def _fake_forward(sim, relevance, mask, tau, direction, reduction):
+def _fake_forward(sim, relevance, mask, lists, tau, direction, reduction):
     acc = acc_dtype(sim.dtype)
     q, ws_numel = _sizes(sim.shape[0], sim.shape[1], direction)
     return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc),
@@ -85,10 +95,13 @@ def floor(mode: str, size: dict, itemsize: int) -> dict:
 
 
 # ---------------------------------------------------------------- public API
-def _reference(sim: Tensor, relevance: Tensor, tau: float, direction: str, reduction: str,
+def _reference(sim: Tensor, relevance, tau: float, direction: str, reduction: str,
                mask: Optional[Tensor]) -> Tensor:
-    """The pure-PyTorch path (src/fastrank/reference/smooth_ndcg.py), same contract."""
+    """The pure-PyTorch path (src/fastrank/reference/smooth_ndcg.py), same contract (a
+    TopKRelevance as its (N, M) matrix)."""
     acc = acc_dtype(sim.dtype)
+    if isinstance(relevance, TopKRelevance):
+        relevance = relevance.to_dense(acc)
     s, r = sim.to(acc), relevance.detach().to(acc)
     parts = [smooth_ndcg_per_query(orient(s, d), orient(r, d), tau, orient(mask, d))
              for d in directions(direction)]
@@ -104,14 +117,17 @@ def _check_hyper(tau, direction, reduction):
     return V.check_positive(tau, "tau"), V.check_direction(direction), V.check_reduction(reduction)
 
 
-def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, direction: str = "both",
-                     reduction: str = "mean", impl: str = "auto", mask: Optional[Tensor] = None) -> Tensor:
-    """Smooth-NDCG listwise loss (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
+def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: float = 0.01,
+                     direction: str = "both", reduction: str = "mean", impl: str = "auto",
+                     mask: Optional[Tensor] = None) -> Tensor:
+    """Smooth-NDCG listwise loss (docs/spec.md §2.1, 2.1a, 2.1b; Listwise ITR, Eq. 16-21).
 
     Args:
         sim: (N, M) scores, row i = image i, column j = caption j.
         relevance: (N, M) graded relevance >= 0 (2^r - 1 gains; in [0, 1] from
-            fastrank.relevance); no gradient flows to it.
+            fastrank.relevance), or a :class:`fastrank.TopKRelevance` (each row's k best
+            entries, the rest 0: never expanded to (N, M)); no gradient flows to it. A list
+            whose items are mostly of gain 0 costs O(M * k), not O(M^2) (docs/spec.md §2.1b).
         tau: temperature of the sigmoid that smooths the rank (a real number > 0).
         direction: "i2t" (rank each row), "t2i" (each column) or "both" (their sum).
         reduction: "mean" (over the lists of each direction, directions summed), "sum",
@@ -133,14 +149,21 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Tensor, tau: float = 0.01, directio
     relevance (every entry, masked ones included), raise ValueError.
     """
     V.check_sim(sim, values=False)
-    V.check_relevance(relevance, sim, values=False)
+    topk = isinstance(relevance, TopKRelevance)
+    if topk:
+        V.check_topk_relevance(relevance, sim)
+    else:
+        V.check_relevance(relevance, sim, values=False)
     V.check_mask(mask, sim)
     tau, direction, reduction = _check_hyper(tau, direction, reduction)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, relevance_min=0.0, loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
-    return SMOOTH_NDCG(sim, relevance, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+    if topk:
+        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance.detach(), direction), tau,
+                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+    return SMOOTH_NDCG(sim, relevance, mask, [], tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
 
 
 class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance", "mask"),
@@ -151,7 +174,7 @@ class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "re
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), h["tau"], *C.codes(h)),
+    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["tau"], *C.codes(h)),
     C.graded_examples({"tau": 0.3}, "t2i", {"tau": 0.5}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("negative relevance", ValueError, "relevance", inputs=lambda x: {"relevance": x["relevance"] - 1}),

@@ -1,0 +1,57 @@
+"""fastrank.TopKRelevance (docs/spec.md §2.1b): the (N, M) matrix it stands for, its row and
+column lists as the kernels read them (against a slow loop over the matrix)."""
+import pytest
+import torch
+
+import fastrank
+
+
+def sparse_matrix(n, m, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    rel = torch.zeros(n, m, dtype=torch.float64)
+    for i in range(n):
+        cols = torch.randperm(m, generator=g)[:torch.randint(0, k + 1, (1,), generator=g).item()]
+        rel[i, cols] = torch.rand(len(cols), generator=g, dtype=torch.float64) + 0.01
+    return rel
+
+
+def lists_as_dict(lists, rows):
+    """{(row, column): value} of Lists by a plain loop over its offsets."""
+    out = {}
+    off, idx, val = lists.offsets.tolist(), lists.index.tolist(), lists.values.tolist()
+    for q in range(rows):
+        for e in range(off[q], off[q + 1]):
+            if idx[e] >= 0:
+                assert (q, idx[e]) not in out
+                out[(q, idx[e])] = val[e]
+    return out
+
+
+def matrix_as_dict(rel):
+    return {(i, j): v for i, row in enumerate(rel.tolist()) for j, v in enumerate(row) if v != 0}
+
+
+@pytest.mark.parametrize("n,m,k", [(1, 1, 1), (5, 9, 3), (9, 5, 2), (30, 40, 6), (4, 3, 5)])
+def test_from_dense_to_dense_and_lists(n, m, k):
+    rel = sparse_matrix(n, m, k, seed=n * m)
+    top = fastrank.TopKRelevance.from_dense(rel, k)
+    assert top.shape == (n, m) and top.k == min(k, m)
+    torch.testing.assert_close(top.to_dense(), rel, rtol=0, atol=0)
+    assert lists_as_dict(top.row_lists(), n) == matrix_as_dict(rel)
+    assert lists_as_dict(top.column_lists(), m) == matrix_as_dict(rel.t())
+    cols = top.column_lists()
+    assert cols.offsets[0] == 0 and bool((cols.offsets[1:] >= cols.offsets[:-1]).all())
+    part = top.rows_of(1, min(n, 3))
+    torch.testing.assert_close(part.to_dense(), rel[1:3], rtol=0, atol=0)
+    rows = top.row_lists().rows(1, min(n, 3))   # a block of rows: absolute positions, no copy
+    assert lists_as_dict(rows, min(n, 3) - 1) == {(i - 1, j): v for (i, j), v in matrix_as_dict(rel).items()
+                                                 if 1 <= i < 3}
+
+
+def test_from_dense_keeps_the_k_largest_and_lists_zeros_as_unused():
+    rel = torch.tensor([[0.1, 0.9, 0.0, 0.5], [0.0, 0.0, 0.0, 0.3]])
+    top = fastrank.TopKRelevance.from_dense(rel, 2)
+    assert top.indices.tolist() == [[1, 3], [3, -1]]
+    torch.testing.assert_close(top.to_dense(), torch.tensor([[0.0, 0.9, 0.0, 0.5], [0.0, 0.0, 0.0, 0.3]]))
+    t32 = top.to(torch.float32)
+    assert t32.values.dtype == torch.float32 and t32.indices is top.indices
