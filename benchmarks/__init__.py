@@ -2,6 +2,7 @@
 
 Layers, each importing only those above it in this list:
 
+- cli_args.py: the rule of every command for a user's mistake (fastrank's, loaded by file);
 - timing.py, memory.py: how long one call takes, how much memory it adds;
 - ceilings.py: the device's measured rates, and an op's floor from them;
 - baselines.py: the PyTorch versions raced against the kernels (compiled, chunked);

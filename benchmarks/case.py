@@ -3,15 +3,18 @@
 Every measurement fastrank publishes is a case of ``python -m benchmarks`` (cases/, one
 file per case, named as ``--list`` names the case). ``run(args, device, save)`` measures
 and returns a result payload (results.py); ``save(payload)`` may be called along the way
-so that a run cut short keeps what it measured. The command line (cli.py) writes the
-payload to ``<out>/<device>-<date>-<case>[-<tag>].json`` and its ``.md`` and ``.png``.
+so that a run cut short keeps what it measured (as ``<stem>.partial.json``). The command
+line (cli.py) writes the payload to ``<out>/<device>-<date>-<case>[-<tag>].json`` and its
+``.md`` and ``.png`` when it holds a measurement. A bad option value is refused before
+``run`` starts (cli.py, ``choices``); a check only the case can make raises
+``A.UsageError`` (cli_args.py) before it measures anything.
 """
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
-from typing import Callable, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -24,6 +27,9 @@ class Case:
     about: str                      # one line, for --list
     run: Callable[[argparse.Namespace, torch.device, Callable[[dict], None]], dict]
     cpu_threads: Optional[int] = None   # CPU threads when --threads is not given (None: all)
+    # the names it takes in the shared list options, by dest ("ops", "impls", "modes", "towers"):
+    # a sequence, or a function returning one; cli.py refuses any other name before the run
+    choices: Dict[str, Union[Sequence[str], Callable[[], Sequence[str]]]] = field(default_factory=dict)
 
 
 def payload(case: str, device: torch.device, config: dict, records: List[dict], report: dict,

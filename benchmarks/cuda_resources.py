@@ -19,7 +19,6 @@ blocks per SM limited by the SM's threads, blocks, registers (allocated per warp
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import re
@@ -30,6 +29,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
+
+from .cli_args import A
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "cuda-resources.md"
@@ -348,13 +349,18 @@ def render_doc(text: str, kernels: Sequence[Kernel], version: str) -> str:
     return _BLOCK.sub(lambda _: block(kernels, version), text, count=1)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks cuda_resources", description=__doc__.splitlines()[0])
+def parser() -> A.Parser:
+    p = A.Parser(prog="python -m benchmarks cuda_resources", description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help=f"regenerate the table in {DOC.relative_to(ROOT)}")
     g.add_argument("--check", action="store_true", help=f"exit 1 when {DOC.relative_to(ROOT)} is stale")
-    p.add_argument("--jobs", type=int, default=2, help="nvcc processes at once (default 2)")
-    args = p.parse_args(argv)
+    p.add_argument("--jobs", type=A.positive_int, default=2, help="nvcc processes at once (default 2)")
+    return p
+
+
+@A.command
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
     nvcc = find_nvcc()
     if nvcc is None:
         print("nvcc not found (PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda)", file=sys.stderr)

@@ -25,7 +25,8 @@
 #      breadth-first, every op at its small sizes, then medium, then large, so that the time
 #      limit cuts the largest sizes and never a whole op; with the time that is left.
 # Every step is time-limited so that the script ends before GPU_CHECK_BUDGET_S (default 540 s
-# = 9 min) have passed; a step that is cut still leaves what it wrote.
+# = 9 min) have passed; a step that is cut still leaves what it measured, as
+# <name>.partial.json (complete: false; the result name is only for a finished run).
 # Everything (logs, results JSON, markdown, PNG plots) goes under one folder:
 #   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/gpu-check-<date>)
 # The result files (cuda-<date>-<case>.json, .md, .png) are in the one layout: copy them to

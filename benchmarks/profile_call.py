@@ -10,7 +10,6 @@ gpu_check.sh runs it for the kernels whose timings were furthest from their floo
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import inspect
 import sys
@@ -22,6 +21,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package next to a
 import torch  # noqa: E402
 
 import fastrank  # noqa: E402
+from benchmarks.cli_args import A  # noqa: E402
 from benchmarks.ops import OPS  # noqa: E402
 
 
@@ -31,14 +31,22 @@ def losses():
             and "direction" in inspect.signature(getattr(fastrank, op.requires)).parameters]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> A.Parser:
+    ap = A.Parser(prog="python benchmarks/profile_call.py", description=__doc__.splitlines()[0])
     ap.add_argument("op", choices=losses())
-    ap.add_argument("n", type=int)
+    ap.add_argument("n", type=A.positive_int)
     ap.add_argument("--direction", default="both", choices=("i2t", "t2i", "both"))
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "float64"))
-    ap.add_argument("--device", default="cuda", help="cuda (cpu: the same call, no capture range)")
+    ap.add_argument("--device", default="cuda", type=A.device, help="cuda (cpu: the same call, no capture range)")
+    return ap
+
+
+@A.command
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    with A.usage_errors(ap.prog):
+        A.check_cuda(args.device)
     op = OPS[args.op]
     device = torch.device(args.device)
     cuda = device.type == "cuda"

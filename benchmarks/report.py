@@ -22,14 +22,14 @@ README or docs/ table) is not what its JSON gives (tests/test_benchmarks.py chec
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from pathlib import Path
 from typing import List
 
 from . import plots, quality_report, tables
-from .results import load
+from .cli_args import A
+from .results import is_partial, load
 
 MARKER = re.compile(r"(<!-- benchmarks table:(?P<spec>.*?)-->\n)(?P<body>.*?)(<!-- end benchmarks table -->)",
                     re.S)
@@ -102,15 +102,20 @@ def _num(s):
     return float(s) if s else None
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks report", description=__doc__.splitlines()[0])
-    p.add_argument("paths", nargs="+", type=Path, help="result .json files or folders, and markdown files")
+def parser() -> A.Parser:
+    p = A.Parser(prog="python -m benchmarks report", description=__doc__.splitlines()[0])
+    p.add_argument("paths", nargs="+", type=A.existing_path, help="result .json files or folders, and markdown files")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a markdown file is stale")
     p.add_argument("--no-plots", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+@A.command
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     stale, written = [], []
     for path in args.paths:
-        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        files = sorted(f for f in path.glob("*.json") if not is_partial(f)) if path.is_dir() else [path]
         for f in files:
             if f.suffix == ".json":
                 want, target = result_markdown(f), f.with_suffix(".md")

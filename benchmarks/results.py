@@ -2,7 +2,10 @@
 
 File names: ``<out>/<device>-<date>-<case>[-<tag>].json`` (``--tag`` tells apart two runs
 of one case on one day: ``cpu-2026-11-23-percall-compiled.json``); report.py writes the
-``.md`` and ``.png`` beside it from the JSON alone.
+``.md`` and ``.png`` beside it from the JSON alone. A result file is written only by a run
+that measured something (:func:`measured`), and never over one that git tracks unless
+``--force``; what a run saves as it goes is ``<stem>.partial.json`` (``complete: false``),
+which is no result: report.py skips it, git ignores it.
 
 Payload (every case)::
 
@@ -106,6 +109,47 @@ def _git_commit():
         return out.stdout.strip() or None
     except Exception:  # noqa: BLE001
         return None
+
+
+#: what a run saves as it goes (``complete: false``) is named ``<stem>.partial.json``: never a result
+PARTIAL = ".partial.json"
+
+
+def partial_path(path: Path) -> Path:
+    """Where the run of the result ``<stem>.json`` saves what it measured so far."""
+    return path.with_name(path.name[: -len(".json")] + PARTIAL)
+
+
+def is_partial(path: Path) -> bool:
+    return path.name.endswith(PARTIAL)
+
+
+def measured(payload: dict) -> bool:
+    """Whether a payload holds a measurement: a record with status ok and a time or a memory
+    peak, or the device's ceilings. A run without one writes no result file."""
+    return bool(payload.get("ceilings")) or any(
+        r.get("status") == "ok" and (r.get("time") or r.get("memory")) for r in payload.get("results", []))
+
+
+def why_nothing(payload: dict) -> str:
+    """The reasons the records of a payload without a measurement give (or that there are none)."""
+    reasons = sorted({str(r["reason"]) for r in payload.get("results", []) if r.get("reason")})
+    if not reasons:
+        return "no record has a time or a memory peak" if payload.get("results") else "no records"
+    return "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+
+
+def committed(path: Path) -> bool:
+    """Whether git tracks the file ``path`` (False outside a git checkout or without git)."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        return False
+    try:
+        out = subprocess.run(["git", "ls-files", "--error-unmatch", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -457,5 +457,6 @@ def test_percall_times_another_checkout_beside_this_one(bench, tmp_path):
         assert r["status"] == "ok", (r["reason"], r.get("traceback"))
         assert r["time"]["median_s"] > 0
     assert final["config"]["before"]["path"] == str(other)
-    with pytest.raises(SystemExit, match="no fastrank package"):
+    from benchmarks.cli_args import A
+    with pytest.raises(A.UsageError, match="no fastrank package"):   # one line, exit 2 (cli.py)
         bench.cases.percall.before_path(tmp_path / "nothing")

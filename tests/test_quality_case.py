@@ -82,9 +82,6 @@ def test_settings_fixed_and_the_same_keys_everywhere():
     args.full = True
     conf = Q.configuration(args)
     assert conf["splits"] == full["splits"] and conf["lrs"] == list(S.LRS) and conf["factors"] == list(S.FACTORS)
-    args.lengths = [1]
-    with pytest.raises(ValueError, match="--lengths"):
-        Q.configuration(args)
 
 
 def test_every_promised_row_has_a_loss_and_its_grid():

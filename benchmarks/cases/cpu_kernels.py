@@ -157,4 +157,5 @@ def run(args, device, save):
 
 
 CASE = Case("cpu_kernels", "the smooth_ndcg and kendall_sw CPU kernels called from C++, without Python: "
-                           "kernel-only times, A/B against another source tree (--kernel-src)", run, cpu_threads=1)
+                           "kernel-only times, A/B against another source tree (--kernel-src)", run, cpu_threads=1,
+            choices={"ops": OPS})

@@ -34,6 +34,7 @@ from fastrank.ops import registry
 
 from ..case import Case, payload
 from ..ceilings import measure_ceilings
+from ..cli_args import A
 from ..ops import OPS, TOPK_D, square
 from ..results import machine_info
 
@@ -102,7 +103,7 @@ def run_child(level: str, module, ops, sizes, threads, quick) -> dict:
 def run(args, device, save):
     t0 = time.monotonic()
     if device.type != "cpu":
-        raise SystemExit("isa: a CPU case (--device cpu)")
+        raise A.UsageError("argument --device: isa is a CPU case (--device cpu)")
     threads = args.threads or 1
     torch.set_num_threads(threads)
     machine = machine_info(device)
@@ -175,4 +176,4 @@ def table(records, columns) -> list:
 
 
 CASE = Case("isa", "every native op at each CPU instruction-set level and a -march=native build, one thread, "
-                   "N = 128 and 512, beside the floor", run, cpu_threads=1)
+                   "N = 128 and 512, beside the floor", run, cpu_threads=1, choices={"ops": NATIVE_OPS})

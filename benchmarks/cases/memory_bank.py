@@ -72,4 +72,5 @@ def run(args, device, save):
 
 
 CASE = Case("memory_bank", f"Smooth-AP and Recall@k linear in the candidates: {QUERIES} queries x {POSITIVES} "
-                           "positives against 4096..65536 candidates (a memory bank): time, peak memory, floor", run)
+                           "positives against 4096..65536 candidates (a memory bank): time, peak memory, floor", run,
+            choices={"impls": list(OP.impls)})

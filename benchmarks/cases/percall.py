@@ -55,6 +55,7 @@ import fastrank
 
 from .. import baselines
 from ..case import Case, payload
+from ..cli_args import A
 from ..harness import record_error
 from ..memory import available_bytes
 from ..ops import OPS, Op
@@ -170,7 +171,7 @@ def before_path(tree: Path) -> Path:
     for path in (tree / "src", tree):
         if (path / "fastrank" / "__init__.py").is_file():
             return path
-    raise SystemExit(f"percall --before: no fastrank package in {tree} (or its src/)")
+    raise A.UsageError(f"argument --before: no fastrank package in {tree} (or its src/)")
 
 
 def before_tree_info(tree: Path) -> dict:
@@ -326,18 +327,13 @@ def run(args, device, save):
     t0 = time.monotonic()
     ops = [op for op in OPS.values() if op.percall_sizes]
     if args.ops:
-        unknown = [n for n in args.ops if n not in {op.name for op in ops}]
-        if unknown:
-            raise SystemExit(f"percall: unknown op(s) {unknown}; choose from {', '.join(op.name for op in ops)}")
         ops = [op for op in ops if op.name in args.ops]
     before = Path(args.before) if args.before else None
     columns = args.impls or [c for c in COLUMNS if c not in CHILD_COLUMNS or before is not None]
-    bad = [c for c in columns if c not in COLUMNS]
-    if bad:
-        raise SystemExit(f"percall: unknown column(s) {bad}; choose from {', '.join(COLUMNS)}")
     if any(c in columns for c in CHILD_COLUMNS) and (before is None or device.type != "cpu"):
-        raise SystemExit("percall: the before and after columns need --before DIR and the CPU")
+        raise A.UsageError("the before and after columns need --before DIR and --device cpu")
     if before is not None:
+        before_path(before)   # DIR holds a fastrank package
         columns += [c for c in CHILD_COLUMNS if c not in columns]
     if device.type != "cuda":
         columns = [c for c in columns if c != "cuda_graph"]
@@ -407,4 +403,5 @@ def run(args, device, save):
 
 
 CASE = Case("percall", "one training step (forward+backward) at N = 4..512 against the trivial op, the eager "
-                       "reference, torch.compile(reference) and (CUDA) a CUDA graph", run, cpu_threads=1)
+                       "reference, torch.compile(reference) and (CUDA) a CUDA graph", run, cpu_threads=1,
+            choices={"ops": [op.name for op in OPS.values() if op.percall_sizes], "impls": COLUMNS})

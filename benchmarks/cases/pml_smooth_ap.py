@@ -75,4 +75,5 @@ def run(args, device, save):
 
 
 CASE = Case("pml_smooth_ap", "Smooth-AP on embeddings (d = 128, 4 per class, B = 128..4096) against "
-                             "pytorch-metric-learning's SmoothAPLoss: time, peak memory", run)
+                             "pytorch-metric-learning's SmoothAPLoss: time, peak memory", run,
+            choices={"impls": list(OP.impls)})

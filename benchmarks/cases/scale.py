@@ -242,4 +242,5 @@ def _payload(args, device, records, machine, t0, sizes, complete=True):
 
 
 CASE = Case("scale", "one training step against the batch size (256..8192), with and without gradient caching: "
-                     "the MiniLM text tower and the demo image encoder, peak memory and time", run)
+                     "the MiniLM text tower and the demo image encoder, peak memory and time", run,
+            choices={"towers": tuple(SIZES), "impls": IMPLS})

@@ -150,4 +150,5 @@ def run(args, device, save):
 
 
 CASE = Case("slate", "allRank-shaped padded slates: fastrank.compat.approxNDCGLoss against allRank's "
-                     "approxNDCG, eager and compiled; time, peak memory, value agreement", run)
+                     "approxNDCG, eager and compiled; time, peak memory, value agreement", run,
+            choices={"impls": lambda: list(slate_op(False).impls)})

@@ -55,9 +55,6 @@ def config(args, device: torch.device) -> Config:
 def run(args, device, save):
     t0 = time.monotonic()
     names = args.ops or list(OPS)
-    unknown = [n for n in names if n not in OPS]
-    if unknown:
-        raise SystemExit(f"sweep: unknown op(s) {unknown}; choose from {', '.join(OPS)}")
     ops = [OPS[n] for n in names]
     modes = args.modes or list(MODES)
     impls = args.impls or list(IMPLS)
@@ -101,4 +98,5 @@ def run(args, device, save):
     return current(records, True)
 
 CASE = Case("sweep", "every op over its sizes, every mode: native vs eager reference, torch.compile, "
-                     "chunked; time, peak memory, measured / floor", run)
+                     "chunked; time, peak memory, measured / floor", run,
+            choices={"ops": list(OPS), "impls": IMPLS, "modes": MODES})

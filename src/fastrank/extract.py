@@ -22,7 +22,8 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ import torch
 from . import _validation as V
 from .data.image_captions import ImageCaptions
 
-__all__ = ["extract_features", "FEATURES"]
+__all__ = ["extract_features", "plan_extraction", "run_extraction", "Extraction", "FEATURES"]
 
 FEATURES = ("pooled", "grid")
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -67,21 +68,30 @@ def _save_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def extract_features(items: Sequence[ImageCaptions], out, name: str, backbone, features: str = "pooled",
-                     batch_size: int = 32, chunk_size: int = 1024, device="cpu", dtype: str = "float32",
-                     workers: int = 0, max_chunks: Optional[int] = None, progress: bool = True,
-                     log=print) -> Optional[Path]:
-    """Write ``<out>/<name>_ims.npy`` and ``<out>/<name>_caps.txt`` for ``items`` (from
-    :func:`fastrank.data.read_image_captions`; every image has the same number of captions).
+@dataclass
+class Extraction:
+    """A checked extraction (:func:`plan_extraction`): its arguments, checked, and its settings
+    as ``<name>_extract.json`` records them. Nothing is written until :func:`run_extraction`."""
+    items: List[ImageCaptions]
+    out: Path
+    name: str
+    backbone: Any
+    features: str
+    batch_size: int
+    chunk_size: int
+    dtype: str
+    workers: int
+    max_chunks: Optional[int]
+    settings: dict
+    done: bool   # <out>/<name>_extract.json records this very extraction: nothing to do
 
-    backbone: a transformers vision model name / path, or a
-    :class:`fastrank.models.HFVisionBackbone` (with an image processor). features: ``pooled``
-    or ``grid``. chunk_size: images per resumable chunk (rounded up to a multiple of
-    batch_size). max_chunks: stop after computing that many new chunks (None: all); returns None
-    then, and a rerun continues. Returns the ``<name>_ims.npy`` path when complete.
-    """
-    from .models.hf import HFVisionBackbone
 
+def plan_extraction(items: Sequence[ImageCaptions], out, name: str, backbone, features: str = "pooled",
+                    batch_size: int = 32, chunk_size: int = 1024, dtype: str = "float32", workers: int = 0,
+                    max_chunks: Optional[int] = None) -> Extraction:
+    """The checks of :func:`extract_features` (same arguments), reading but writing nothing: a bad
+    argument, a missing image file, or an extraction in ``out`` under ``name`` with other settings
+    (finished or not) raise ValueError / FileNotFoundError."""
     items = list(items)
     if not items:
         raise ValueError("items must not be empty")
@@ -103,29 +113,66 @@ def extract_features(items: Sequence[ImageCaptions], out, name: str, backbone, f
         raise FileNotFoundError(f"{len(missing)} of {len(items)} image files are missing, e.g. {missing[:3]}")
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     ims_path, caps_path, done_path = out / f"{name}_ims.npy", out / f"{name}_caps.txt", out / f"{name}_extract.json"
     backbone_name = backbone if isinstance(backbone, str) else type(getattr(backbone, "model", backbone)).__name__
     settings = {"backbone": str(backbone_name), "features": features, "dtype": dtype, "batch_size": batch_size,
                 "chunk_size": chunk_size, "n_images": len(items), "captions_per_image": cpi,
                 "items_sha256": _fingerprint(items)}
+    done = False
     if done_path.is_file() and ims_path.is_file() and caps_path.is_file():
-        done = json.loads(done_path.read_text())
-        if {k: done.get(k) for k in settings} == settings:
-            log(f"extract {name}: already done ({ims_path})")
-            return ims_path
-        raise ValueError(f"{done_path} records a different extraction ({done.get('backbone')}, "
-                         f"{done.get('features')}, {done.get('n_images')} images); use another --out or --name")
+        recorded = json.loads(done_path.read_text())
+        if {k: recorded.get(k) for k in settings} != settings:
+            raise ValueError(f"{done_path} records a different extraction ({recorded.get('backbone')}, "
+                             f"{recorded.get('features')}, {recorded.get('n_images')} images); use another --out "
+                             f"or --name")
+        done = True
     work = out / f".extract-{name}"
-    work.mkdir(exist_ok=True)
     manifest = work / "manifest.json"
-    if manifest.is_file():
+    if not done and manifest.is_file():
         old = json.loads(manifest.read_text())
         if old != settings:
             changed = sorted(k for k in settings if old.get(k) != settings[k])
             raise ValueError(f"{work} holds an unfinished extraction with other settings (differs in {changed}); "
                              f"rerun with the same settings to resume, or delete {work}")
-    else:
+    return Extraction(items, out, name, backbone, features, batch_size, chunk_size, dtype, workers, max_chunks,
+                      settings, done)
+
+
+def extract_features(items: Sequence[ImageCaptions], out, name: str, backbone, features: str = "pooled",
+                     batch_size: int = 32, chunk_size: int = 1024, device="cpu", dtype: str = "float32",
+                     workers: int = 0, max_chunks: Optional[int] = None, progress: bool = True,
+                     log=print) -> Optional[Path]:
+    """Write ``<out>/<name>_ims.npy`` and ``<out>/<name>_caps.txt`` for ``items`` (from
+    :func:`fastrank.data.read_image_captions`; every image has the same number of captions).
+
+    backbone: a transformers vision model name / path, or a
+    :class:`fastrank.models.HFVisionBackbone` (with an image processor). features: ``pooled``
+    or ``grid``. chunk_size: images per resumable chunk (rounded up to a multiple of
+    batch_size). max_chunks: stop after computing that many new chunks (None: all); returns None
+    then, and a rerun continues. Returns the ``<name>_ims.npy`` path when complete.
+    :func:`plan_extraction` then :func:`run_extraction`.
+    """
+    plan = plan_extraction(items, out, name, backbone, features, batch_size, chunk_size, dtype, workers, max_chunks)
+    return run_extraction(plan, device, progress, log)
+
+
+def run_extraction(plan: Extraction, device="cpu", progress: bool = True, log=print) -> Optional[Path]:
+    """Do the extraction :func:`plan_extraction` checked (see :func:`extract_features`)."""
+    from .models.hf import HFVisionBackbone
+
+    items, out, name, backbone, features = plan.items, plan.out, plan.name, plan.backbone, plan.features
+    batch_size, chunk_size, dtype, workers, max_chunks = (plan.batch_size, plan.chunk_size, plan.dtype, plan.workers,
+                                                          plan.max_chunks)
+    settings, cpi = plan.settings, plan.settings["captions_per_image"]
+    ims_path, caps_path, done_path = out / f"{name}_ims.npy", out / f"{name}_caps.txt", out / f"{name}_extract.json"
+    if plan.done:
+        log(f"extract {name}: already done ({ims_path})")
+        return ims_path
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / f".extract-{name}"
+    work.mkdir(exist_ok=True)
+    manifest = work / "manifest.json"
+    if not manifest.is_file():
         manifest.write_text(json.dumps(settings, indent=2))
 
     n_chunks = -(-len(items) // chunk_size)

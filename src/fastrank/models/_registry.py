@@ -6,7 +6,7 @@ name or path travels in the encoder name (configs, checkpoints, the command line
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Type
+from typing import Callable, Dict, Optional, Tuple, Type
 
 from torch import nn
 
@@ -37,17 +37,32 @@ def register_text_encoder(name: str) -> Callable:
     return _register(TEXT_ENCODERS, "text", name)
 
 
-def _build(table, kind, name, in_dim, embed_dim, kw) -> nn.Module:
+def _lookup(table, kind, name) -> Tuple[Type[nn.Module], Optional[str]]:
+    """(class, model name or None) of a registered name or ``"base:model"``; ValueError otherwise."""
     if isinstance(name, str) and name not in table and ":" in name:
         base, model = name.split(":", 1)
         if base in table and model:
-            if "model" in kw:
-                raise ValueError(f"{kind} encoder {name!r} names its model; do not pass model= as well")
-            return table[base](in_dim, embed_dim, model=model, **kw)
+            return table[base], model
     if name not in table:
         raise ValueError(f"unknown {kind} encoder {name!r}; registered: {sorted(table)} (the hf_* ones "
                          f"also as 'hf_text:<model name or path>')")
-    return table[name](in_dim, embed_dim, **kw)
+    return table[name], None
+
+
+def check_encoder_name(kind: str, name: str) -> str:
+    """``name`` when it builds an encoder of ``kind`` ("image" or "text"), else the ValueError of
+    :func:`build_image_encoder` / :func:`build_text_encoder` (nothing is built)."""
+    _lookup(IMAGE_ENCODERS if kind == "image" else TEXT_ENCODERS, kind, name)
+    return name
+
+
+def _build(table, kind, name, in_dim, embed_dim, kw) -> nn.Module:
+    cls, model = _lookup(table, kind, name)
+    if model is not None:
+        if "model" in kw:
+            raise ValueError(f"{kind} encoder {name!r} names its model; do not pass model= as well")
+        return cls(in_dim, embed_dim, model=model, **kw)
+    return cls(in_dim, embed_dim, **kw)
 
 
 def build_image_encoder(name: str, in_dim: int, embed_dim: int = 1024, **kw) -> nn.Module:

@@ -115,6 +115,11 @@ class CombinedLoss(torch.nn.Module):
         self._needs_relevance = {name: _accepts(m, "relevance") for name, m, _ in modules}
         self._takes_positives = {name: _accepts(m, "positives") for name, m, _ in modules}
 
+    @property
+    def needs_relevance(self) -> bool:
+        """Whether a term takes ``relevance`` (forward raises without it)."""
+        return any(self._needs_relevance.values())
+
     def forward(self, sim: Tensor, relevance: Optional[Tensor] = None,
                 positives: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
         total = None

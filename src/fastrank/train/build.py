@@ -25,21 +25,29 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_splits(data_cfg, names: Sequence[str]) -> List[PrecompDataset]:
+def load_splits(data_cfg, names: Sequence[str], keys: Optional[Sequence[str]] = None) -> List[PrecompDataset]:
     """The datasets of the splits ``names`` of a :class:`~fastrank.train.config.DataConfig`'s
     data: precomputed features under ``data.path``, or with ``path = "demo"`` the demo data
     generated in memory (its splits are "train" and "test"), ``"demo_pixels"`` the same scenes
-    rendered as 32 x 32 images (flattened, (n, 3072): for the ``cnn`` encoder)."""
+    rendered as 32 x 32 images (flattened, (n, 3072): for the ``cnn`` encoder). ``keys``: the
+    config keys the names come from, which a missing split's error names (default: "split")."""
     cpi = data_cfg.captions_per_image
+    keys = list(keys) if keys is not None else ["split"] * len(names)
     if data_cfg.path not in _DEMO_PATHS:
-        return [PrecompDataset(data_cfg.path, name, cpi) for name in names]
+        out = []
+        for name, key in zip(names, keys):
+            try:
+                out.append(PrecompDataset(data_cfg.path, name, cpi))
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"{key} = {name!r}: {err}") from err
+        return out
     splits = make_demo(seed=data_cfg.demo_seed, n_train=data_cfg.demo_n_train,
                        n_test=data_cfg.demo_n_test, captions_per_image=cpi,
                        pixels=DEMO_PIXELS if data_cfg.path == "demo_pixels" else None)
     out = []
-    for name in names:
+    for name, key in zip(names, keys):
         if name not in splits:
-            raise ValueError(f"the demo data has splits {sorted(splits)}, not {name!r}")
+            raise ValueError(f"{key} = {name!r}: the demo data has splits {sorted(splits)}")
         out.append(PrecompDataset.from_arrays(splits[name].images, splits[name].captions, cpi, split=name))
     return out
 
@@ -47,7 +55,8 @@ def load_splits(data_cfg, names: Sequence[str]) -> List[PrecompDataset]:
 def load_datasets(data_cfg) -> Tuple[PrecompDataset, PrecompDataset]:
     """(train, eval) datasets of a :class:`~fastrank.train.config.DataConfig`
     (``data.train_split``, ``data.eval_split``; see :func:`load_splits`)."""
-    train, evaluation = load_splits(data_cfg, (data_cfg.train_split, data_cfg.eval_split))
+    train, evaluation = load_splits(data_cfg, (data_cfg.train_split, data_cfg.eval_split),
+                                    ("data.train_split", "data.eval_split"))
     return train, evaluation
 
 

@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 __all__ = ["DataConfig", "ModelConfig", "LossConfig", "RelevanceConfig", "OptimConfig", "TrainConfig",
-           "EvalConfig", "Config", "load_config", "parse_override", "RELEVANCE_SOURCES"]
+           "EvalConfig", "Config", "load_config", "check_value", "parse_override", "RELEVANCE_SOURCES"]
 
 RELEVANCE_SOURCES = ("sbert", "tfidf", "none")
 
@@ -281,7 +281,43 @@ class Config:
             V.check_int(m, "optim.lr_milestones[]")
         for k in list(self.eval.ks) + list(self.eval.cs_k):
             V.check_int(k, "eval.ks / eval.cs_k")
+        self._check_names()
         return self
+
+    def _check_names(self) -> None:
+        """What the trainer looks up by name, checked without building a model or reading data:
+        the device, the encoders, the loss terms and their options (and what they need)."""
+        import torch
+
+        from ..models import _registry
+        from ..nn import CombinedLoss
+        from .cross_batch import MEMORY_TERMS
+        device = self.train.device
+        try:
+            if device != "auto":
+                torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {device!r}") from None
+        _registry.check_encoder_name("image", self.model.image_encoder)
+        _registry.check_encoder_name("text", self.model.text_encoder)
+        lc = self.loss
+        terms = [("loss.spec", lc.spec, lc.options)]
+        if lc.warmup_epochs:
+            terms.append(("loss.warmup_spec", lc.warmup_spec, lc.warmup_options))
+        names, needs_relevance = set(), False
+        for key, spec, options in terms:
+            try:
+                combined = CombinedLoss(spec, options)
+            except (TypeError, ValueError) as err:   # an unknown term, a bad weight or option
+                raise type(err)(f"{key} = {spec!r}: {err}") from err
+            names |= set(combined.losses)
+            needs_relevance = needs_relevance or combined.needs_relevance
+        if needs_relevance and self.relevance.source == "none":
+            raise ValueError(f"loss.spec = {lc.spec!r} has a term that needs relevance, but relevance.source "
+                             f"is 'none'; use 'sbert' (or 'tfidf')")
+        if self.train.memory_size and not names & set(MEMORY_TERMS):
+            raise ValueError(f"train.memory_size = {self.train.memory_size} needs a loss term among "
+                             f"{MEMORY_TERMS}; loss.spec is {lc.spec!r}")
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
@@ -345,6 +381,17 @@ def parse_override(item: str):
     except tomllib.TOMLDecodeError:
         value = raw
     return key, value
+
+
+def check_value(key: str, value: Any) -> Any:
+    """``value`` as the config key ``key`` holds it, checked as :meth:`Config.validate` checks
+    a default config with that one key set (a ValueError / TypeError naming the key): what
+    ``fastrank train``'s shortcut flags are parsed with."""
+    cfg = Config()
+    cfg.set(key, value)
+    cfg.validate()
+    section, name = key.split(".", 1)
+    return getattr(getattr(cfg, section), name)
 
 
 def load_config(path=None, overrides: Sequence[str] = (), **values) -> Config:

@@ -78,6 +78,7 @@ RECIPES: List[Recipe] = [
 ]
 
 
+MIN_EPOCHS = 2     # the shared warm-up epoch and at least one of the recipe's
 PIXEL_EPOCHS = 3   # the pixel recipes: 1 shared warm-up + 2 epochs each (the demo stays short)
 
 
@@ -125,8 +126,8 @@ def demo_config(quick: bool = False, seed: int = 0, device: str = "auto", epochs
         m.image_kw = {"widths": [8, 16] if quick else [8, 16, 32]}
         o.lr, o.lr_milestones = 1e-3, []
         t.epochs = epochs or (2 if quick else PIXEL_EPOCHS)
-    if t.epochs < 2:
-        raise ValueError(f"the demo needs epochs >= 2 (1 warm-up epoch + the recipe's), got {t.epochs}")
+    if t.epochs < MIN_EPOCHS:
+        raise ValueError(f"the demo needs epochs >= {MIN_EPOCHS} (1 warm-up epoch + the recipe's), got {t.epochs}")
     t.out_dir = str(Path(out) / "runs")
     return cfg.validate()
 

@@ -6,7 +6,7 @@ split (:func:`encode_split`), its graded relevance
 from __future__ import annotations
 
 import copy
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -14,10 +14,12 @@ from ..data import PrecompDataset
 from ..models import VSE
 from .build import autocast, load_splits
 from .checkpoint import load_checkpoint
+from .config import Config
 from .relevance_source import CaptionRelevance
 from .state import CHECKPOINT_FORMAT, model_from_checkpoint
 
-__all__ = ["encode_split", "split_metrics", "format_metrics", "Evaluation", "evaluate_checkpoint"]
+__all__ = ["encode_split", "split_metrics", "format_metrics", "Evaluation", "evaluate_checkpoint", "checkpoint_split",
+           "evaluate_split"]
 
 
 @torch.no_grad()
@@ -94,6 +96,36 @@ class Evaluation:
         return out
 
 
+def checkpoint_split(checkpoint, data: Optional[str] = None, split: Optional[str] = None,
+                     device: str = "auto") -> Tuple[VSE, Config, PrecompDataset, torch.device]:
+    """What :func:`evaluate_checkpoint` evaluates: (model, config, dataset, device) of a trainer
+    checkpoint and a split (defaults as there). A missing or foreign checkpoint raises
+    CheckpointError, a missing split FileNotFoundError / ValueError naming it."""
+    ckpt = load_checkpoint(checkpoint, format=CHECKPOINT_FORMAT)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
+    model, cfg, _ = model_from_checkpoint(ckpt, dev)
+    dc = copy.deepcopy(cfg.data)
+    if data is not None:
+        dc.path = data
+    if split is not None:
+        dc.eval_split = split
+    ds = load_splits(dc, (dc.eval_split,), ("data.eval_split",))[0]
+    return model, cfg, ds, dev
+
+
+def evaluate_split(model: VSE, cfg: Config, ds: PrecompDataset, dev: torch.device, relevance: Optional[str] = None,
+                   rerank=False, graded: bool = True, cs_k: Optional[Sequence[int]] = None) -> Dict[str, float]:
+    """The metrics of :func:`evaluate_checkpoint` on what :func:`checkpoint_split` returned."""
+    rel_source = CaptionRelevance.from_config(ds, cfg.relevance, relevance) if graded else None
+    rel = rel_source.full() if rel_source is not None else None
+    sim = encode_split(model, ds, cfg.eval.batch_size, amp=dev.type == "cuda" and cfg.train.amp)
+    ks, cs = cfg.eval.ks, (cs_k if cs_k is not None else cfg.eval.cs_k)
+    out = split_metrics(sim, ds, rel, ks, cs)
+    if rerank:
+        out.update({f"rerank_{k}": v for k, v in split_metrics(sim, ds, rel, ks, cs, rerank).items()})
+    return out
+
+
 def evaluate_checkpoint(checkpoint, data: Optional[str] = None, split: Optional[str] = None,
                         relevance: Optional[str] = None, rerank=False, device: str = "auto",
                         graded: bool = True, cs_k: Optional[Sequence[int]] = None) -> Dict[str, float]:
@@ -105,20 +137,5 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, split: Optional[
     the fast re-ranked metrics, keys prefixed ``rerank_``. Returns the flat metric dict of
     ``fastrank.metrics.evaluate``.
     """
-    ckpt = load_checkpoint(checkpoint, format=CHECKPOINT_FORMAT)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
-    model, cfg, _ = model_from_checkpoint(ckpt, dev)
-    dc = copy.deepcopy(cfg.data)
-    if data is not None:
-        dc.path = data
-    if split is not None:
-        dc.eval_split = split
-    ds = load_splits(dc, (dc.eval_split,))[0]
-    rel_source = CaptionRelevance.from_config(ds, cfg.relevance, relevance) if graded else None
-    rel = rel_source.full() if rel_source is not None else None
-    sim = encode_split(model, ds, cfg.eval.batch_size, amp=dev.type == "cuda" and cfg.train.amp)
-    ks, cs = cfg.eval.ks, (cs_k if cs_k is not None else cfg.eval.cs_k)
-    out = split_metrics(sim, ds, rel, ks, cs)
-    if rerank:
-        out.update({f"rerank_{k}": v for k, v in split_metrics(sim, ds, rel, ks, cs, rerank).items()})
-    return out
+    return evaluate_split(*checkpoint_split(checkpoint, data, split, device), relevance=relevance, rerank=rerank,
+                          graded=graded, cs_k=cs_k)

@@ -143,11 +143,7 @@ class Trainer(TrainingState, Evaluation, StopSignals):
                              f"{rc.source!r}; use 'sbert' (or 'tfidf')")
         self._eval_rel_matrix = None
         self.memory = None
-        if tc.memory_size:
-            names = set(self.loss_fn) | set(self.warmup_loss_fn or {})
-            if not names & set(MEMORY_TERMS):
-                raise ValueError(f"train.memory_size = {tc.memory_size} needs a loss term among "
-                                 f"{MEMORY_TERMS}; loss.spec is {lc.spec!r}")
+        if tc.memory_size:   # a term among MEMORY_TERMS: checked by config.validate()
             self.memory = CrossBatchMemory(tc.memory_size)
 
         oc = self.cfg.optim
