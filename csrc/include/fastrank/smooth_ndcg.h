@@ -72,16 +72,24 @@ void smooth_ndcg_backward(const SmoothNdcgBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// The forward always writes a (cheap next to the ranks); the backward runs the pair pass
-// over sim. `partials`: per-tile partial sums of the forward (smooth_ndcg_partials_numel
-// accumulation-type elements, freed after it). `stream`: a cudaStream_t. The entry points
-// return a cudaError_t as int (0 = success).
+// Two kernel versions (FASTRANK_CUDA_KERNELS, launch.h), one workspace size:
+//  - version 2 (smooth_ndcg.cu, the default): a block a list; the forward runs both pair
+//    passes (with_grad; the rank pass alone without) and leaves w_d = G_d complete but for
+//    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.h); the
+//    backward is the smooth-rank engine's elementwise one. `partials`: the list flags (Q),
+//    then a scratch of 3 (span + 32) values for each of the forward's blocks;
+//  - version 1 (smooth_ndcg_v1.cu): thread-per-element tiles; the forward writes a, the
+//    backward runs the pair pass over sim; `partials`: per-tile partial sums.
+// `partials` has smooth_ndcg_partials_numel accumulation-type elements (the larger need of
+// the two), freed after the forward. `stream`: a cudaStream_t. The entry points return a
+// cudaError_t as int (0 = success).
 struct SmoothNdcgForward {
   Lists lists;
   DType rel_dt;  // sim's storage type or its accumulation type
   MatIn sim, rel;
   MaskIn mask;
   double tau;
+  bool with_grad;  // version 2: run the gradient pass (version 1 ignores it)
   void* out;
   void* ws;
   void* partials;
@@ -97,11 +105,28 @@ struct SmoothNdcgBackward {
   void* grad;
   void* stream;
 };
-constexpr int kSmoothNdcgTile = 16;  // element tile edge of the CUDA kernels (smooth_ndcg.cu)
-// 3 values per query per tile of its list: 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16) if t2i).
+constexpr int kSmoothNdcgTile = 16;  // version 1: element tile edge (smooth_ndcg_v1.cu)
+constexpr int64_t kSmoothNdcgListBlocks = 1024;  // version 2: the most blocks of the forward
+// version 2: the lists' scratch span, the longest list rounded up to a power of two >= 32
+inline int64_t smooth_ndcg_list_span(int64_t n, int64_t m) {
+  int64_t s = 32;
+  while (s < n || s < m) s <<= 1;
+  return s;
+}
+// version 2: the forward's blocks, one list at a time each
+inline int64_t smooth_ndcg_list_blocks(int64_t n, int64_t m, int direction) {
+  const int64_t q = query_count(n, m, direction);
+  return q < kSmoothNdcgListBlocks ? q : kSmoothNdcgListBlocks;
+}
+// version 1: 3 values per query per tile of its list, 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16)
+// if t2i); version 2: Q list flags + 3 * (span + 32) per block; the larger of the two.
 inline int64_t smooth_ndcg_partials_numel(int64_t n, int64_t m, int direction) {
   const int64_t t = kSmoothNdcgTile;
-  return 3 * (((direction & kI2T) ? n * ((m + t - 1) / t) : 0) + ((direction & kT2I) ? m * ((n + t - 1) / t) : 0));
+  const int64_t v1 =
+      3 * (((direction & kI2T) ? n * ((m + t - 1) / t) : 0) + ((direction & kT2I) ? m * ((n + t - 1) / t) : 0));
+  const int64_t v2 = query_count(n, m, direction) +
+                     smooth_ndcg_list_blocks(n, m, direction) * 3 * (smooth_ndcg_list_span(n, m) + 32);
+  return v1 > v2 ? v1 : v2;
 }
 int smooth_ndcg_forward(const SmoothNdcgForward& p);
 int smooth_ndcg_backward(const SmoothNdcgBackward& p);
