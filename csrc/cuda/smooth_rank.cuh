@@ -172,6 +172,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
         const int64_t j = c0 + b;
         const A sj = load(srow[j * v.s_c]);
         A a = 0, bb = 0, s1 = 0, s2 = 0;
+        // pair loop: engine ranks
         for (int64_t k = lane; k < v.n_c; k += 32) {
           if (!valid(k)) continue;
           const A x = (load(srow[k * v.s_c]) - sj) * inv_tau;
@@ -253,6 +254,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
             const A sk = load(srow[k * v.s_c]);
             const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
             A acc = 0;
+            // pair loop: engine gradient row
             for (int r = 0; r < cnt; ++r) acc += logistic_deriv((sk - st_s[r]) * inv_tau) * (st_u[r] + st_v[r] * f);
             G[k * v.o_c] += acc;
           }
