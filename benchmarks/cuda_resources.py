@@ -61,8 +61,10 @@ BUDGETS: Dict[Tuple[str, str], Tuple[float, float]] = {
     ("smooth_ndcg.cu", "v2 gradient, diagonal tiles"): (16, 2),
     ("smooth_ndcg_v1.cu", "v1 forward ranks"): (26, 2),
     ("smooth_ndcg_v1.cu", "v1 backward sums"): (23, 2),
-    ("smooth_rank.cuh", "engine ranks"): (56, 2),
-    ("smooth_rank.cuh", "engine gradient row"): (18, 2),
+    ("smooth_rank.cuh", "engine v1 ranks"): (56, 2),
+    ("smooth_rank.cuh", "engine v1 gradient row"): (18, 2),
+    ("smooth_rank.cuh", "engine v2 ranks"): (56, 2),
+    ("smooth_rank.cuh", "engine v2 gradient row"): (18, 2),
 }
 
 

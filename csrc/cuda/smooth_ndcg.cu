@@ -87,7 +87,7 @@ template <typename A> struct Scratch {
 // DCG. Returns the IDCG (NaN when a valid gain is NaN); *nv = the list's valid items.
 template <typename T, typename R, typename A>
 __device__ A list_setup(const ListRef& L, const T* sim, const R* rel, const uint8_t* mask, int64_t cs,
-                        const Scratch<A>& w, A* red, A* nv) {
+                        const Scratch<A>& w, A* red, A* nv) {  // cs: the list's span (a power of two)
   const A ninf = -std::numeric_limits<A>::infinity();
   A count = 0, nan_gain = 0;
   for (int64_t c = threadIdx.x; c < cs + 32; c += kThreads) {
@@ -236,15 +236,17 @@ forward_lists(const SmoothNdcgForward p, int64_t cs, acc_t<T> c2, acc_t<T> inv_t
     const ListRef list = t2i ? ListRef{q, p.sim.s1, p.sim.s0, p.rel.s1, p.rel.s0, p.mask.s1, p.mask.s0, n, n, 1}
                              : ListRef{q, p.sim.s0, p.sim.s1, p.rel.s0, p.rel.s1, p.mask.s0, p.mask.s1, m, m, 1};
     auto valid = [&](int64_t c) { return c < list.len && (mask == nullptr || mask[q * list.m_q + c * list.m_c] != 0); };
+    int64_t cl = 32;  // this list's span: its length rounded up to a power of two >= 32
+    while (cl < list.len) cl <<= 1;
     A nv;
-    const A ideal = list_setup<T, R, A>(list, sim, rel, mask, cs, w, red, &nv);
+    const A ideal = list_setup<T, R, A>(list, sim, rel, mask, cl, w, red, &nv);
     const int tiles = static_cast<int>((list.len + 31) / 32);
-    for (int64_t c = threadIdx.x; c < stride; c += kThreads) w.acc[c] = A(0);
+    for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) w.acc[c] = A(0);
     __syncthreads();
     pair_pass<false>(tiles, c2, w, wbuf);
     // 3. Eq. 17: DCG = sum_j g_j / log2(1 + pi_j); a_j = g_j * d/dpi [1 / log2(1 + pi)](pi_j)
     A dcg = 0;
-    for (int64_t c = threadIdx.x; c < stride; c += kThreads) {
+    for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) {
       A a = 0;
       if (valid(c)) {
         const A s = load(sim[q * list.s_q + c * list.s_c]), r = load(rel[q * list.r_q + c * list.r_c]);
@@ -266,7 +268,7 @@ forward_lists(const SmoothNdcgForward p, int64_t cs, acc_t<T> c2, acc_t<T> inv_t
       if (p.lists.reduction == kNone) static_cast<A*>(p.out)[qg] = loss;
     }
     if (p.with_grad) {
-      for (int64_t c = threadIdx.x; c < stride; c += kThreads) w.acc[c] = A(0);
+      for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) w.acc[c] = A(0);
       __syncthreads();
       pair_pass<true>(tiles, c2, w, wbuf);
       // d loss / d s_j = -(1 / (tau IDCG)) G_j (0 for a constant loss, unless non-finite)

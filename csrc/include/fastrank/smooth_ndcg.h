@@ -27,8 +27,12 @@
 //    per-query factor; the forward runs this second pair pass while the list is in cache,
 //    on the sigma' values its rank pass kept (skipped when with_grad = 0), so the
 //    backward is elementwise;
-//  - CUDA: a = g * d/dpi [1 / log2(1 + pi)]; the backward runs the pair pass.
-// Both carry poison(s + r), so a non-finite input poisons the gradient. Then
+//  - CUDA version 2 (the default): G scaled by the query's -1 / (tau * IDCG), complete but for
+//    the upstream weight (the forward runs both pair passes; the backward is elementwise),
+//    w_t2i stored transposed, (m, n), as the subset heads' (smooth_rank.h);
+//  - CUDA version 1 (FASTRANK_CUDA_KERNELS=v1): a = g * d/dpi [1 / log2(1 + pi)]; the
+//    backward runs the pair pass.
+// All carry poison(s + r), so a non-finite input poisons the gradient. Then
 //   d loss_q / d s_m = -(1 / (tau * IDCG_q)) sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m)
 // scaled by grad_out (strided by `gs`; reduction none: one per query, else grad_out[0]
 // times 1/count_d for mean). grad is written contiguous (n, m) in sim's storage type.
