@@ -132,7 +132,7 @@ WORKLOADS: List[Workload] = [
     # lists are transposed first (sim, positives: read and written); partials and the
     # per-query passes' rereads are L2 traffic, not counted; the backward reads both G, writes grad
     Workload("smooth_ap", "v1", "this tree", (
-        Pass("forward", ((("smooth_rank.cuh", "engine v1 ranks"), one_positive),
+        Pass("forward", ((("smooth_rank.cuh", "engine ranks"), one_positive),
                          (("smooth_rank.cuh", "engine v1 gradient row"), one_positive)),
              nm_bytes(2 * (F32 + 1 + 4) + 2 * (F32 + 1))),
         Pass("backward", (), nm_bytes(2 * 4 + F32)),
@@ -140,7 +140,7 @@ WORKLOADS: List[Workload] = [
     # engine v2: the same passes and bytes, a warp a query (no barrier): what v1 lost to
     # latency and barriers is outside the model, so the model predicts both alike
     Workload("smooth_ap", "v2", "this tree", (
-        Pass("forward", ((("smooth_rank.cuh", "engine v2 ranks"), one_positive),
+        Pass("forward", ((("smooth_rank.cuh", "engine ranks"), one_positive),
                          (("smooth_rank.cuh", "engine v2 gradient row"), one_positive)),
              nm_bytes(2 * (F32 + 1 + 4) + 2 * (F32 + 1))),
         Pass("backward", (), nm_bytes(2 * 4 + F32)),

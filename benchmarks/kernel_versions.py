@@ -11,7 +11,9 @@ forward+backward call with CUDA events, and reports the medians, their ratio, th
 difference between the two versions' losses and gradients, and the model's prediction for
 each (the issue-time model table of docs/cuda-resources.md, read from the page). Cases run
 smallest first, so a time limit cuts the largest. Writes cuda-<date>-kernel-versions.json and
-.md into DIR. gpu_check.sh runs it right after the CUDA tests.
+.md into DIR (not a case of `python -m benchmarks`: to publish them, put them under
+benchmarks/results/versions/, as the profiles are under results/profiles/). gpu_check.sh runs
+it right after the CUDA tests.
 """
 from __future__ import annotations
 

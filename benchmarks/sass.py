@@ -42,13 +42,9 @@ _BRANCH = re.compile(r"^(?:@!?U?P[T0-9]\s+)?BRA(?:\.\w+)*\s+`?\(?(?P<label>\.L_x
 MARKER = re.compile(r"//\s*pair loop:\s*(?P<name>[^\n]+?)\s*$")
 
 
-def nvdisasm() -> Optional[str]:
-    """nvdisasm from the CUDA toolkit (next to nvcc, or on PATH), else from the pip wheel
-    ``nvidia-cuda-nvdisasm`` (a test extra of pyproject.toml: CI installs it)."""
-    from .cuda_resources import cuda_tool  # the toolkit lookup, in one place
-    tool = cuda_tool("nvdisasm")
-    if tool:
-        return tool
+def wheel_nvdisasm() -> Optional[str]:
+    """nvdisasm from the pip wheel ``nvidia-cuda-nvdisasm`` (a test extra of pyproject.toml: CI
+    installs it), or on PATH (cuda_resources.find_nvdisasm tries the CUDA toolkit first)."""
     for base in {sys.prefix, *(p for p in sys.path if p.endswith("site-packages"))}:
         for cand in sorted(glob.glob(os.path.join(base, "**", "nvidia", "**", "bin", "nvdisasm"), recursive=True)):
             if os.access(cand, os.X_OK):

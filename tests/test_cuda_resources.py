@@ -127,7 +127,7 @@ def kernels():
     if shutil.which("g++") is None:   # nvcc preprocesses with the host compiler
         pytest.skip("nvcc but no host C++ compiler (g++) on PATH, as where an installed wheel is tested: "
                     "the checkout's own test run checks the kernels' resources")
-    if cr.sass.nvdisasm() is None:
+    if cr.find_nvdisasm() is None:
         msg = "nvcc but no nvdisasm (pip install nvidia-cuda-nvdisasm, a test extra): the pair loops cannot be counted"
         if _cuda_module_built() or os.environ.get("CI") or os.environ.get("FASTRANK_REQUIRE_NATIVE") == "1":
             pytest.fail(msg)

@@ -107,6 +107,38 @@ subset_transpose_kernel(const B* __restrict__ sim, int64_t ss0, int64_t ss1, con
   }
 }
 
+// A positive's sums over its list, walked by one warp (lane-strided, coalesced) and reduced by
+// butterfly warp sums (every lane gets them, in a fixed order): sigma(x), sigma'(x) and, for a
+// head that needs the ranks among the positives (kFlagged), f sigma(x), f sigma'(x)
+// (x = (s_k - s_j) / tau, f = k is a positive; the self pair included, as on the CPU).
+template <typename A> struct RankSums {
+  A a, b, s1, s2;
+};
+template <class Head, typename T, typename A>
+__device__ __forceinline__ RankSums<A> rank_positive(const T* srow, const uint8_t* prow, const uint8_t* mrow,
+                                                     const ListView& v, A sj, A inv_tau, int lane) {
+  RankSums<A> r{A(0), A(0), A(0), A(0)};
+  // pair loop: engine ranks
+  for (int64_t k = lane; k < v.n_c; k += 32) {
+    if (mrow != nullptr && mrow[k * v.m_c] == 0) continue;
+    const Logistic<A> lg = logistic((load(srow[k * v.s_c]) - sj) * inv_tau);
+    const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+    r.a += lg.pos;
+    r.s1 += lg.deriv;
+    if (Head::kFlagged) {
+      r.b += f * lg.pos;
+      r.s2 += f * lg.deriv;
+    }
+  }
+  r.a = warp_sum(r.a);
+  r.s1 = warp_sum(r.s1);
+  if (Head::kFlagged) {
+    r.b = warp_sum(r.b);
+    r.s2 = warp_sum(r.s2);
+  }
+  return r;
+}
+
 // Head: kFlagged (the ranks among the positives, B, and its sums are needed), kStats (the
 // per-query statistics the loss needs), n_stats() (how many of them this call uses),
 // stat(i, A, B) (statistic i of one positive), loss(totals, np) and coef(A, B, totals, np,
@@ -170,32 +202,12 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
         const int64_t order = before + __popc(found & ((1u << b) - 1u));
         if (order % kWarps != warp) continue;
         const int64_t j = c0 + b;
-        const A sj = load(srow[j * v.s_c]);
-        A a = 0, bb = 0, s1 = 0, s2 = 0;
-        // pair loop: engine v1 ranks
-        for (int64_t k = lane; k < v.n_c; k += 32) {
-          if (!valid(k)) continue;
-          const A x = (load(srow[k * v.s_c]) - sj) * inv_tau;
-          const Logistic<A> lg = logistic(x);
-          const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
-          a += lg.pos;
-          s1 += lg.deriv;
-          if (Head::kFlagged) {
-            bb += f * lg.pos;
-            s2 += f * lg.deriv;
-          }
-        }
-        a = warp_sum(a);
-        s1 = warp_sum(s1);
-        if (Head::kFlagged) {
-          bb = warp_sum(bb);
-          s2 = warp_sum(s2);
-        }
+        const RankSums<A> r = rank_positive<Head>(srow, prow, mrow, v, load(srow[j * v.s_c]), inv_tau, lane);
         if (lane == 0) {
-          X0[j * v.o_c] = a + A(0.5);  // 1 + (sum - sigma(0))
-          X1[j * v.o_c] = bb + A(0.5);
-          X2[j * v.o_c] = s1;
-          X3[j * v.o_c] = s2;
+          X0[j * v.o_c] = r.a + A(0.5);  // 1 + (sum - sigma(0))
+          X1[j * v.o_c] = r.b + A(0.5);
+          X2[j * v.o_c] = r.s1;
+          X3[j * v.o_c] = r.s2;
         }
       }
     }
@@ -329,32 +341,12 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
       const unsigned found = __ballot_sync(0xffffffffu, positive(c0 + lane));
       for (unsigned bal = found; bal != 0; bal &= bal - 1) {  // warp-uniform: the chunk's positives in order
         const int64_t j = c0 + __ffs(static_cast<int>(bal)) - 1;
-        const A sj = load(srow[j * v.s_c]);
-        A a = 0, bb = 0, s1 = 0, s2 = 0;
-        // pair loop: engine v2 ranks
-        for (int64_t k = lane; k < v.n_c; k += 32) {
-          if (!valid(k)) continue;
-          const A x = (load(srow[k * v.s_c]) - sj) * inv_tau;
-          const Logistic<A> lg = logistic(x);
-          const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
-          a += lg.pos;
-          s1 += lg.deriv;
-          if (Head::kFlagged) {
-            bb += f * lg.pos;
-            s2 += f * lg.deriv;
-          }
-        }
-        a = warp_sum(a);
-        s1 = warp_sum(s1);
-        if (Head::kFlagged) {
-          bb = warp_sum(bb);
-          s2 = warp_sum(s2);
-        }
+        const RankSums<A> r = rank_positive<Head>(srow, prow, mrow, v, load(srow[j * v.s_c]), inv_tau, lane);
         if (lane == 0) {
-          X[j * v.o_c] = a + A(0.5);  // 1 + (sum - sigma(0))
-          X[1 * nm + j * v.o_c] = bb + A(0.5);
-          X[2 * nm + j * v.o_c] = s1;
-          X[3 * nm + j * v.o_c] = s2;
+          X[j * v.o_c] = r.a + A(0.5);  // 1 + (sum - sigma(0))
+          X[1 * nm + j * v.o_c] = r.b + A(0.5);
+          X[2 * nm + j * v.o_c] = r.s1;
+          X[3 * nm + j * v.o_c] = r.s2;
         }
       }
     }
