@@ -308,3 +308,25 @@ def test_sass_loop_names_from_markers(tmp_path):
     src = tmp_path / "k.cu"
     src.write_text("a\n  // pair loop: ranks\n  for (;;) {\n")
     assert cr.sass.marker_names(src) == {2: "ranks", 3: "ranks"}
+
+
+# ---- the GPU run's side-by-side timing reads the model's predictions ----------------------------
+
+def test_kernel_versions_reads_the_models_predictions():
+    """benchmarks/kernel_versions.py (gpu_check.sh step 4b) puts the model's predictions beside
+    what it measures: it reads them from the generated table of docs/cuda-resources.md."""
+    from benchmarks import kernel_versions as kv
+    pred = kv.predictions()
+    for key in [("smooth_ndcg", "v1", 4096), ("smooth_ndcg", "v2", 4096), ("smooth_ap", "v1", 8192),
+                ("smooth_ap", "v2", 8192)]:
+        assert key in pred and pred[key] > 0, (key, pred)
+    assert pred[("smooth_ndcg", "v2", 4096)] < pred[("smooth_ndcg", "v1", 4096)] < pred[("smooth_ndcg", "v0", 4096)]
+    record = {"device": "GPU", "created": "2026-11-28T00:00:00", "command": "kernel_versions.py", "torch": "2",
+              "fastrank": "0", "rows": [{"op": "smooth_ndcg", "n": 4096, "dtype": "float32",
+                                         "seconds": {"v1": 0.2, "v2": 0.1}, "samples": {"v1": 3, "v2": 3},
+                                         "loss_diff": 1e-7, "grad_diff_rel": 2e-6,
+                                         "predicted": {"v1": 0.269, "v2": 0.0867}},
+                                        {"op": "smooth_ap", "n": 8192, "dtype": "float32", "skipped": "time limit"}]}
+    md = kv.markdown(record)
+    assert "| smooth_ndcg | 4096 | float32 | 200 ms | 100 ms | 2.00x | 269 ms | 86.7 ms |" in md, md
+    assert "time limit" in md
