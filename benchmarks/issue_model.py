@@ -78,21 +78,15 @@ def ordered(n: int) -> float:
     return 2.0 * n * n * n
 
 
-def _v2_tiles(n: int) -> Tuple[int, int]:
-    t = (n + 31) // 32
-    return t, t + (t & 1)
-
-
 def v2_tile_pairs(n: int) -> float:
-    """v2 smooth-NDCG: the pairs the 32 x 32 tile pairs evaluate (byes included), 2n lists."""
-    _, tn = _v2_tiles(n)
-    return 2.0 * n * 1024 * tn * (tn - 1) / 2
+    """v2 smooth-NDCG: the pairs the 32 x 32 tile pairs evaluate, 2n lists of n items."""
+    t = (n + 31) // 32
+    return 2.0 * n * 1024 * t * (t - 1) / 2
 
 
 def v2_diagonal_pairs(n: int) -> float:
     """v2 smooth-NDCG: the diagonal tiles' 32 lanes x 16 steps each, 2n lists."""
-    t, _ = _v2_tiles(n)
-    return 2.0 * n * 512 * t
+    return 2.0 * n * 512 * ((n + 31) // 32)
 
 
 def one_positive(n: int) -> float:

@@ -35,7 +35,7 @@
 //   sigma'(x) = e r^2, and G_j += w (a_k - a_j), G_k -= w (a_k - a_j).
 // Tile pairs go in the rounds of a round-robin tournament (the circle method: in each of
 // the T' - 1 rounds every tile is in exactly one pair; T' = T rounded up to even, the odd
-// tile out paired with a padding tile), then the diagonal round: within a round no two
+// tile out paired with a padding tile, a pair that is skipped), then the diagonal round: within a round no two
 // warps touch the same tile, so each adds its two 32-sums into the scratch sums without
 // atomics, in a fixed order; a block barrier ends each round.
 // Memory: per block of the grid a scratch of 3 (Cs + 32) accumulation-type values (y, acc,
@@ -185,18 +185,19 @@ __device__ __forceinline__ void round_pair(int r, int p, int tn, int* ta, int* t
 template <bool kGrad, typename A>
 __device__ void pair_pass(int t, A c2, const Scratch<A>& w, A (*buf)[2]) {
   const int warp = threadIdx.x / 32;
-  const int tn = t + (t & 1);  // with an odd t, the padding tile t takes the bye
+  const int tn = t + (t & 1);  // with an odd t, the padding tile t takes the bye: pair 0, skipped
+  const int p0 = warp == 0 && (t & 1) ? kWarps : warp;
   for (int r = 0; r + 1 < tn; ++r) {
     if (kGrad) {
       // pair loop: v2 gradient, tile pairs
-      for (int p = warp; p < tn / 2; p += kWarps) {
+      for (int p = p0; p < tn / 2; p += kWarps) {
         int ta, tb;
         round_pair(r, p, tn, &ta, &tb);
         tile_pair<true, false>(ta, tb, c2, w, buf);
       }
     } else {
       // pair loop: v2 ranks, tile pairs
-      for (int p = warp; p < tn / 2; p += kWarps) {
+      for (int p = p0; p < tn / 2; p += kWarps) {
         int ta, tb;
         round_pair(r, p, tn, &ta, &tb);
         tile_pair<false, false>(ta, tb, c2, w, buf);
