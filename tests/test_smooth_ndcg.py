@@ -855,7 +855,7 @@ def test_relevance_read_in_the_accumulation_type(device):
     torch.testing.assert_close(got, exact, rtol=0, atol=2e-5)
 
 
-KERNELS = {"v2": ["forward_lists", "finalize_lists", "subset_backward_kernel"],
+KERNELS = {"v2": ["forward_lists", "forward_lists", "finalize_lists", "subset_backward_kernel"],  # a launch a direction
            "v1": ["forward_tiles", "finalize", "backward_tiles"]}
 
 
@@ -874,8 +874,9 @@ def test_one_launch_pair_forward_one_backward(device, version, monkeypatch):
 @pytest.mark.parametrize("version", ["v2", "v1"])
 def test_many_short_lists_fit_the_grid(device, version, monkeypatch):
     """More than 65535 row tiles (1,048,560 rows of one item): the tiles go on gridDim.x, the
-    launches are valid (version 2: at most 1024 blocks, each a list at a time). Dry run: shapes
-    are checked, nothing is computed."""
+    launches are valid (version 2: a launch a direction, at most 1024 blocks each, a list at a
+    time; the scratch is sized by each direction's own lists, not 1024 blocks x the longest).
+    Dry run: shapes are checked, nothing is computed."""
     monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
     n = 65536 * 16 + 1
     s, rel = torch.zeros(n, 1).requires_grad_(True), torch.zeros(n, 1)
@@ -884,7 +885,8 @@ def test_many_short_lists_fit_the_grid(device, version, monkeypatch):
     if version == "v1":
         assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
     else:
-        assert shapes[0][1] == (1024, 1, 1)
+        assert shapes[0][1] == (1024, 1, 1) and shapes[1][1] == (1, 1, 1)
+        assert fastrank._native.emulated_cuda().smooth_ndcg_partials_numel(n, 1, 3) < 8 * n
 
 
 @pytest.mark.cuda_matrix

@@ -1,13 +1,13 @@
 // Fused smooth-NDCG on CUDA, version 2 (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
 //
-// One call = 2 launches forward (the lists, then the reduction) + 1 elementwise backward, for
+// One call = 1 launch a direction + 1 reduction forward, 1 elementwise backward, for
 // every N and direction; no host sync, no atomics, bit-identical run to run. Version 1 (the
 // thread-per-element tiles, smooth_ndcg_v1.cu) stays in the build: FASTRANK_CUDA_KERNELS=v1
 // selects it per call (launch.h, kernel_version), so one run times both.
 //
-// forward_lists: a block of 8 warps per list (grid-strided over the i2t rows, then the t2i
-// columns, at most kSmoothNdcgListBlocks blocks, each with its own scratch). Per list, of C
-// items (C = m for a row, n for a column):
+// forward_lists: one launch a direction, a block of 8 warps per list (grid-strided over the
+// direction's lists, at most kSmoothNdcgListBlocks blocks, each with its own scratch sized by
+// the direction's list length). Per list, of C items (C = m for a row, n for a column):
 //  1. setup (list_setup, reusable by a sparse-gain path beside the dense pair pass): the
 //     list's scores gathered into the scratch `y` (one strided pass over its row or column;
 //     -inf for a masked item and for the padding up to the power of two Cs, so that the pair
@@ -217,8 +217,8 @@ __device__ void pair_pass(int t, A c2, const Scratch<A>& w, A (*buf)[2]) {
 
 template <typename T, typename R>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 2))
-forward_lists(const SmoothNdcgForward p, int64_t cs, acc_t<T> c2, acc_t<T> inv_tau, acc_t<T>* __restrict__ ws,
-              acc_t<T>* __restrict__ flags, acc_t<T>* scratch) {
+forward_lists(const SmoothNdcgForward p, int t2i, int64_t cs, acc_t<T> c2, acc_t<T> inv_tau,
+              acc_t<T>* __restrict__ ws, acc_t<T>* __restrict__ flags, acc_t<T>* scratch) {
   using A = acc_t<T>;
   __shared__ A buf[kWarps][64][2];
   __shared__ A red[kThreads];
@@ -231,9 +231,9 @@ forward_lists(const SmoothNdcgForward p, int64_t cs, acc_t<T> c2, acc_t<T> inv_t
   const Scratch<A> w{scratch + 3 * stride * blockIdx.x, scratch + 3 * stride * blockIdx.x + stride,
                      scratch + 3 * stride * blockIdx.x + 2 * stride};
   A (*wbuf)[2] = buf[threadIdx.x / 32];
-  for (int64_t qg = blockIdx.x; qg < L.q; qg += gridDim.x) {
-    const bool t2i = qg >= L.nq1;
-    const int64_t q = t2i ? qg - L.nq1 : qg;
+  const int64_t q_end = t2i ? L.nq2 : L.nq1, q_off = t2i ? L.nq1 : 0;  // this launch's direction
+  for (int64_t q = blockIdx.x; q < q_end; q += gridDim.x) {
+    const int64_t qg = q_off + q;
     const ListRef list = t2i ? ListRef{q, p.sim.s1, p.sim.s0, p.rel.s1, p.rel.s0, p.mask.s1, p.mask.s0, n, n, 1}
                              : ListRef{q, p.sim.s0, p.sim.s1, p.rel.s0, p.rel.s1, p.mask.s0, p.mask.s1, m, m, 1};
     auto valid = [&](int64_t c) { return c < list.len && (mask == nullptr || mask[q * list.m_q + c * list.m_c] != 0); };
@@ -314,10 +314,15 @@ int launch_forward(const SmoothNdcgForward& p, Graded<T, R>) {
   A* ws = static_cast<A*>(p.ws);
   A* flags = static_cast<A*>(p.partials);
   const double log2e = 1.4426950408889634;
-  const int e = launch(forward_lists<T, R>, static_cast<unsigned>(smooth_ndcg_list_blocks(n, m, p.lists.direction)),
-                       kThreads, 0, st, p, smooth_ndcg_list_span(n, m), static_cast<A>(log2e / p.tau),
-                       static_cast<A>(1.0 / p.tau), ws, flags, flags + q);
-  if (e != 0) return e;
+  // one launch a direction (each its lists' span; the second reuses the scratch)
+  for (int d = 0; d < 2; ++d) {
+    if (!(p.lists.direction & (d == 0 ? kI2T : kT2I))) continue;
+    const int64_t lists = d == 0 ? n : m, len = d == 0 ? m : n;
+    const int e = launch(forward_lists<T, R>, static_cast<unsigned>(smooth_ndcg_list_blocks(lists)), kThreads, 0, st,
+                         p, d, smooth_ndcg_list_span(len), static_cast<A>(log2e / p.tau), static_cast<A>(1.0 / p.tau),
+                         ws, flags, flags + q);
+    if (e != 0) return e;
+  }
   return launch(finalize_lists<A>, 1, kFinalThreads, 0, st, p.lists, flags, ws, static_cast<A*>(p.out));
 }
 

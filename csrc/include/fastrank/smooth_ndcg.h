@@ -81,7 +81,7 @@ namespace cuda {
 //    passes (with_grad; the rank pass alone without) and leaves w_d = G_d complete but for
 //    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.h); the
 //    backward is the smooth-rank engine's elementwise one. `partials`: the list flags (Q),
-//    then a scratch of 3 (span + 32) values for each of the forward's blocks;
+//    then a scratch of 3 (span + 32) values for each block of a direction's launch;
 //  - version 1 (smooth_ndcg_v1.cu): thread-per-element tiles; the forward writes a, the
 //    backward runs the pair pass over sim; `partials`: per-tile partial sums.
 // `partials` has smooth_ndcg_partials_numel accumulation-type elements (the larger need of
@@ -110,26 +110,31 @@ struct SmoothNdcgBackward {
   void* stream;
 };
 constexpr int kSmoothNdcgTile = 16;  // version 1: element tile edge (smooth_ndcg_v1.cu)
-constexpr int64_t kSmoothNdcgListBlocks = 1024;  // version 2: the most blocks of the forward
-// version 2: the lists' scratch span, the longest list rounded up to a power of two >= 32
-inline int64_t smooth_ndcg_list_span(int64_t n, int64_t m) {
+constexpr int64_t kSmoothNdcgListBlocks = 1024;  // version 2: the most blocks of a direction's launch
+// version 2: a list's scratch span, its length rounded up to a power of two >= 32
+inline int64_t smooth_ndcg_list_span(int64_t len) {
   int64_t s = 32;
-  while (s < n || s < m) s <<= 1;
+  while (s < len) s <<= 1;
   return s;
 }
-// version 2: the forward's blocks, one list at a time each
-inline int64_t smooth_ndcg_list_blocks(int64_t n, int64_t m, int direction) {
-  const int64_t q = query_count(n, m, direction);
-  return q < kSmoothNdcgListBlocks ? q : kSmoothNdcgListBlocks;
+// version 2: the blocks of one direction's launch over `lists` lists, one list at a time each
+inline int64_t smooth_ndcg_list_blocks(int64_t lists) {
+  return lists < kSmoothNdcgListBlocks ? lists : kSmoothNdcgListBlocks;
+}
+// version 2: the scratch of one direction's launch (3 (span + 32) values a block), lists of `len`
+inline int64_t smooth_ndcg_list_scratch(int64_t lists, int64_t len) {
+  return smooth_ndcg_list_blocks(lists) * 3 * (smooth_ndcg_list_span(len) + 32);
 }
 // version 1: 3 values per query per tile of its list, 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16)
-// if t2i); version 2: Q list flags + 3 * (span + 32) per block; the larger of the two.
+// if t2i); version 2: Q list flags + the larger direction's scratch (the two launches reuse it);
+// the larger of the two versions' needs.
 inline int64_t smooth_ndcg_partials_numel(int64_t n, int64_t m, int direction) {
   const int64_t t = kSmoothNdcgTile;
   const int64_t v1 =
       3 * (((direction & kI2T) ? n * ((m + t - 1) / t) : 0) + ((direction & kT2I) ? m * ((n + t - 1) / t) : 0));
-  const int64_t v2 = query_count(n, m, direction) +
-                     smooth_ndcg_list_blocks(n, m, direction) * 3 * (smooth_ndcg_list_span(n, m) + 32);
+  const int64_t s1 = (direction & kI2T) ? smooth_ndcg_list_scratch(n, m) : 0;
+  const int64_t s2 = (direction & kT2I) ? smooth_ndcg_list_scratch(m, n) : 0;
+  const int64_t v2 = query_count(n, m, direction) + (s1 > s2 ? s1 : s2);
   return v1 > v2 ? v1 : v2;
 }
 int smooth_ndcg_forward(const SmoothNdcgForward& p);
