@@ -6,6 +6,10 @@
 #   3. python -m fastrank info;
 #   4. the CUDA tests first (pytest -k cuda, less the CPU-side emulator and ptxas checks that CI
 #      runs anyway), at most GPU_CHECK_TESTS_S (default 180) s;
+#      then the kernel versions side by side (benchmarks/kernel_versions.py: v1 and v2 of each op
+#      alternated in one process, their agreement, the issue-time model's prediction beside
+#      each), at most GPU_CHECK_VERSIONS_S (default 150) s: did v2 win, by how much, was the
+#      model right;
 #   5. the floors and per-call cases (python -m benchmarks floors percall --device cuda: the
 #      GPU's copy, exp, FMA and matmul rates; one forward+backward call at N = 4 .. 512, native /
 #      trivial / reference / CUDA graph), at most GPU_CHECK_PERCALL_S (default 100) s;
@@ -111,6 +115,13 @@ timeout "$T" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests" -k cuda -rs \
 RC=${PIPESTATUS[0]}
 [ "$RC" -eq 124 ] && echo "!!! CUDA tests cut after $T s"
 [ "$RC" -eq 0 ] || fail 4 "CUDA tests (see cuda-tests.log)"
+
+step "4b. kernel versions side by side (v1 / v2)"
+V=$(clamp $(( $(left) - 240 )) "${GPU_CHECK_VERSIONS_S:-150}" 30)
+echo "time limit: $V s (+60 s for the case in flight)"
+timeout $(( V + 60 )) "$PY" "$ROOT/benchmarks/kernel_versions.py" --out "$OUT" --time-limit "$V" 2>&1 \
+  | tee "$OUT/kernel-versions.log"
+check 4 "${PIPESTATUS[0]}" "kernel versions (see kernel-versions.log)"
 
 step "5. floors and per-call cases"
 P=$(clamp $(( ($(left) - 60) / 3 )) "$PERCALL_S" 20)

@@ -154,6 +154,7 @@ BAD = {
     "python -m benchmarks cuda_resources": {
         "--write": FLAG,
         "--check": FLAG,
+        "--rev": "no-such-revision",
         "--jobs": "0",
     },
     "python benchmarks/profile_call.py": {

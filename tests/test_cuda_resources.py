@@ -1,6 +1,8 @@
 """Every CUDA kernel's registers, spills, shared memory and occupancy on sm_80 and sm_90
 (benchmarks/cuda_resources.py): no local-memory spill in a float32 / float16 / bfloat16
-kernel, every kernel found, and docs/cuda-resources.md generated from the current sources.
+kernel, every kernel found, every pair loop within its budget of SASS instructions and MUFU
+operations a pair (benchmarks/sass.py), and docs/cuda-resources.md generated from the current
+sources (the resources, the pair loops and the issue-time model's predictions).
 
 The build check runs wherever nvcc is found (CI builds the CUDA module whenever it is), and
 fails rather than skips when the CUDA module was built but nvcc cannot be found. The
@@ -125,6 +127,11 @@ def kernels():
     if shutil.which("g++") is None:   # nvcc preprocesses with the host compiler
         pytest.skip("nvcc but no host C++ compiler (g++) on PATH, as where an installed wheel is tested: "
                     "the checkout's own test run checks the kernels' resources")
+    if cr.find_nvdisasm() is None:
+        msg = "nvcc but no nvdisasm (pip install nvidia-cuda-nvdisasm, a test extra): the pair loops cannot be counted"
+        if _cuda_module_built() or os.environ.get("CI") or os.environ.get("FASTRANK_REQUIRE_NATIVE") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
     return cr.collect(jobs=os.cpu_count() or 2)
 
 
@@ -211,6 +218,27 @@ def test_the_cuda_module_holds_sm80_and_sm90():
     assert {"80", "90"} <= archs, f"the table describes sm_80 and sm_90 code; the module holds {sorted(archs)}"
 
 
+def test_pair_loops_within_their_budgets(kernels):
+    """Every marked pair loop is found in the sm_90 SASS, has a budget, and stays within it, in
+    every float32, float16 and bfloat16 instantiation."""
+    assert cr.pair_loops(kernels), "no pair loop counted at all"
+    bad = cr.over_budget(kernels)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_v2_smooth_ndcg_pair_loops_meet_their_targets(kernels):
+    """smooth-NDCG v2: at most 16 instructions and 2 MUFU (one exp, one reciprocal) an unordered
+    pair in each pass; the model puts N = 4096 forward+backward under 100 ms on an H100."""
+    loops = [(k, lp) for k, lp in cr.pair_loops(kernels, ("float", "__nv_bfloat16")) if lp.name.startswith("v2 ")]
+    assert {lp.name for _, lp in loops} == {"v2 ranks, tile pairs", "v2 ranks, diagonal tiles",
+                                            "v2 gradient, tile pairs", "v2 gradient, diagonal tiles"}
+    for k, lp in loops:
+        assert lp.per_pair <= 16 and lp.mufu_per_pair <= 2, (k.name, lp.name, lp.per_pair, lp.mufu_per_pair)
+    eta, rows = cr.issue_model.predictions(cr.loop_counts(kernels), cr.issue_model.Ceilings.measured())
+    v2 = next(r for r in rows if (r.workload.op, r.workload.version, r.n) == ("smooth_ndcg", "v2", 4096))
+    assert v2.raw_s / eta <= 0.100, v2
+
+
 def test_the_docs_table_is_generated_from_these_sources(kernels):
     text = (ROOT / "docs" / "cuda-resources.md").read_text()
     got = cr.doc_block(text)
@@ -224,3 +252,81 @@ def test_the_docs_table_is_generated_from_these_sources(kernels):
         listed = set(re.findall(r"^\| `([^`]+)` \| (\S+) \| sm_(\d+)", body, re.M))
         missing = {(k.name, k.source, str(k.arch)) for k in kernels} - listed
         assert not missing, f"docs/cuda-resources.md lacks {sorted(missing)[:5]} (nvcc {version} there, {nvcc_version} here)"
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_the_docs_pair_loop_and_model_tables_are_generated(kernels, which):
+    """The pair-loop counts and the model's predictions in docs/cuda-resources.md are what these
+    sources compile to (under the nvcc of the table's header)."""
+    pattern, begin, _, make = cr.BLOCKS[which]
+    got = cr.doc_block((ROOT / "docs" / "cuda-resources.md").read_text(), pattern)
+    assert got is not None, f"docs/cuda-resources.md has no block {begin!r}"
+    version, body = got
+    if version == cr.nvcc_version(cr.find_nvcc()):
+        assert body == make(kernels), "docs/cuda-resources.md is stale: run python -m benchmarks cuda_resources --write"
+
+
+# ---- the SASS parser, on canned nvdisasm output -----------------------------------------------
+
+SASS = """\
+        .text._Z1kPf:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+\t//## File "/src/csrc/cuda/k.cu", line 10
+        /*0010*/                   LDS R2, [R3] ;
+        /*0020*/                   MUFU.EX2 R4, R2 ;
+        /*0030*/                   MUFU.RCP R5, R4 ;
+        /*0040*/                   FADD R6, R6, R5 ;
+        /*0050*/                   MUFU.EX2 R4, R2 ;
+        /*0060*/                   MUFU.RCP R5, R4 ;
+\t//## File "/src/csrc/cuda/k.cu", line 9
+        /*0070*/               @P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0080*/                   IADD3 R7, R7, 0x1, RZ ;
+.L_x_2:
+        /*0090*/                   FADD R8, R8, R8 ;
+        /*00a0*/               @P1 BRA `(.L_x_2) ;
+        /*00b0*/               @P2 BRA `(.L_x_1) ;
+        /*00c0*/                   EXIT ;
+"""
+
+
+def test_sass_innermost_loops_and_their_counts():
+    text = SASS.replace("        .text._Z1kPf:", ".text._Z1kPf:")
+    funcs = cr.sass.parse(text)
+    loops = cr.sass.innermost_loops("_Z1kPf", funcs["_Z1kPf"])
+    # the loop at 0x0010..0x0070 (7 instructions, 2 exps: 2 pairs), and 0x0090..0x00a0 inside the
+    # loop 0x0080..0x00b0 (which is not innermost)
+    assert [(lp.start, lp.end, lp.count) for lp in loops] == [(0x10, 0x70, 7), (0x90, 0xA0, 2)]
+    first = loops[0]
+    assert (first.pairs, first.mufu, first.per_pair, first.mufu_per_pair) == (2, 4, 3.5, 2.0)
+    assert (first.file, first.line, first.forward_branches) == ("k.cu", 9, 0)
+    assert loops[1].pairs == 0  # no exp: not a pair loop
+
+
+def test_sass_loop_names_from_markers(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text("a\n  // pair loop: ranks\n  for (;;) {\n")
+    assert cr.sass.marker_names(src) == {2: "ranks", 3: "ranks"}
+
+
+# ---- the GPU run's side-by-side timing reads the model's predictions ----------------------------
+
+def test_kernel_versions_reads_the_models_predictions():
+    """benchmarks/kernel_versions.py (gpu_check.sh step 4b) puts the model's predictions beside
+    what it measures: it reads them from the generated table of docs/cuda-resources.md."""
+    from benchmarks import kernel_versions as kv
+    pred = kv.predictions()
+    for key in [("smooth_ndcg", "v1", 4096), ("smooth_ndcg", "v2", 4096), ("smooth_ap", "v1", 8192),
+                ("smooth_ap", "v2", 8192)]:
+        assert key in pred and pred[key] > 0, (key, pred)
+    assert pred[("smooth_ndcg", "v2", 4096)] < pred[("smooth_ndcg", "v1", 4096)] < pred[("smooth_ndcg", "v0", 4096)]
+    record = {"device": "GPU", "created": "2026-11-28T00:00:00", "command": "kernel_versions.py", "torch": "2",
+              "fastrank": "0", "rows": [{"op": "smooth_ndcg", "n": 4096, "dtype": "float32",
+                                         "seconds": {"v1": 0.2, "v2": 0.1}, "samples": {"v1": 3, "v2": 3},
+                                         "loss_diff": 1e-7, "grad_diff_rel": 2e-6,
+                                         "predicted": {"v1": 0.269, "v2": 0.0867}},
+                                        {"op": "smooth_ap", "n": 8192, "dtype": "float32", "skipped": "time limit"}]}
+    md = kv.markdown(record)
+    assert "| smooth_ndcg | 4096 | float32 | 200 ms | 100 ms | 2.00x | 269 ms | 86.7 ms |" in md, md
+    assert "time limit" in md

@@ -143,6 +143,7 @@ import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1])
 lib.simt_selftest_error.restype = ctypes.c_char_p
 lib.simt_configure(int(sys.argv[3]), ctypes.c_ulonglong(int(sys.argv[4])), int(sys.argv[5]), 0)
+lib.simt_approx(int(sys.argv[6]), ctypes.c_ulonglong(int(sys.argv[7])))
 out = (ctypes.c_float * 512)(*([0.0] * 512))
 code = lib.simt_selftest_run(sys.argv[2].encode(), out, 100)
 msg = lib.simt_selftest_error(code).decode() if code > 0 else ""
@@ -150,9 +151,13 @@ print(json.dumps({"code": code, "message": msg, "out": [float(x) for x in out]})
 """
 
 
-def run_case(lib: Path, name: str, order: int = 0, seed: int = 0, poison: int = 0xFF):
-    """(exit code, the case's JSON result or None, stderr) of one case in a child process."""
-    res = subprocess.run([sys.executable, "-c", RUN_CASE, str(lib), name, str(order), str(seed), str(poison)],
+def run_case(lib: Path, name: str, order: int = 0, seed: int = 0, poison: int = 0xFF, approx: int = 1,
+             approx_seed: int = 0x9E3779B97F4A7C15):
+    """(exit code, the case's JSON result or None, stderr) of one case in a child process;
+    approx: the emulated special-function error (0 exact, 1 hashed within the bound, 2 +bound,
+    3 -bound: tests/simt/simt.h)."""
+    res = subprocess.run([sys.executable, "-c", RUN_CASE, str(lib), name, str(order), str(seed), str(poison),
+                          str(approx), str(approx_seed)],
                          env=simt.sanitizer_env(), capture_output=True, text=True, timeout=120)
     result = json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else None
     return res.returncode, result, res.stderr
@@ -228,14 +233,50 @@ def test_shuffle_semantics(selftest_library):
         assert out[8 * t:8 * t + 8] == pytest.approx(want), (t, out[8 * t:8 * t + 8], want)
 
 
+def _ulps(got: float, exact: float) -> int:
+    """Units in the last place (float32) between got and the exact value, rounded to float32."""
+    import struct
+    a, b = (struct.unpack("<i", struct.pack("<f", x))[0] for x in (got, exact))
+    return abs(a - b)
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_special_functions_within_their_documented_error(selftest_library, mode):
+    """exp2_approx and rcp_approx (MUFU.EX2, MUFU.RCP) stay within 2 ulp of the exact value in
+    every mode, hit the bound in the adversarial ones (2: +2 ulp, 3: -2 ulp), and move the
+    result off the exact value for some inputs in the hashed one (the matrix's default)."""
+    rc, result, err = run_case(selftest_library, "special_functions", approx=mode)
+    assert rc == 0 and result["code"] == 0, (result, err)
+    out = result["out"]
+    errors = [_ulps(out[i], 2.0 ** (i - 64)) for i in range(128)]
+    errors += [_ulps(out[128 + i], 1.0 / (i - 127.5)) for i in range(128)]
+    assert max(errors) <= 2, errors
+    if mode == 0:
+        assert max(errors) == 0
+    elif mode in (2, 3):
+        assert min(errors) == 2
+    else:
+        assert 0 < sum(e > 0 for e in errors) < len(errors)
+
+
+def test_a_kernel_relying_on_exact_special_functions_fails(selftest_library):
+    """int(exp2_approx(k)) == 2^k holds with an exact exp and breaks at -2 ulp: the emulated
+    error exposes code that depends on the hardware being exact."""
+    outs = {}
+    for mode in (0, 3):
+        rc, result, err = run_case(selftest_library, "special_functions", approx=mode)
+        assert rc == 0 and result["code"] == 0, (result, err)
+        outs[mode] = result["out"][256:384]
+    assert all(v == 1.0 for v in outs[0])
+    assert sum(v == 0.0 for v in outs[3]) >= 100  # every k >= 1: 2^k - 2 ulp truncates below 2^k
+
+
 # ---- seeded mutations -------------------------------------------------------------------------
 MUTATIONS = {
-    # a removed barrier: the forward's candidates are read before every thread staged them
+    # a removed barrier: the rank pass's rounds overlap (two warps add into one tile's sums)
     "removed barrier": ("cuda/smooth_ndcg.cu",
-                        "      });\n      __syncthreads();\n      const int len = nc - c0 < kChunk ? "
-                        "static_cast<int>(nc - c0) : kChunk;\n      // own's index in this chunk",
-                        "      });\n      const int len = nc - c0 < kChunk ? "
-                        "static_cast<int>(nc - c0) : kChunk;\n      // own's index in this chunk",
+                        "        tile_pair<false, false>(ta, tb, c2, w, buf);\n      }\n    }\n    __syncthreads();",
+                        "        tile_pair<false, false>(ta, tb, c2, w, buf);\n      }\n    }",
                         "test_smooth_ndcg.py", "values_and_gradients"),
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",
@@ -246,10 +287,10 @@ MUTATIONS = {
                              "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "test_fast_rerank.py", "values_and_gradients"),
-    # a wrong stride: the backward stages sim through swapped strides
+    # a wrong stride: the t2i lists read sim through the i2t strides
     "wrong stride": ("cuda/smooth_ndcg.cu",
-                     "sh_s[slot][cc] = ok ? load(sim[ii * ss0 + jj * ss1]) : A(0);\n        sh_a",
-                     "sh_s[slot][cc] = ok ? load(sim[ii * ss1 + jj * ss0]) : A(0);\n        sh_a",
+                     "ListRef{q, p.sim.s1, p.sim.s0, p.rel.s1",
+                     "ListRef{q, p.sim.s0, p.sim.s1, p.rel.s1",
                      "test_smooth_ndcg.py", "values_and_gradients"),
 }
 

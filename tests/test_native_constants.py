@@ -117,5 +117,7 @@ def test_cuda_module_constants_match_python():
     for key, (ndcg, subset) in partials.items():
         n, m, d = map(int, key.split(","))
         assert ndcg > 0 and subset > 0, key
-    assert partials["16,17,3"][0] == partials["16,17,1"][0] + partials["16,17,2"][0]
+    # smooth-NDCG: the two directions' launches of version 2 reuse one scratch
+    assert max(partials["16,17,1"][0], partials["16,17,2"][0]) <= partials["16,17,3"][0] \
+        <= partials["16,17,1"][0] + partials["16,17,2"][0]
     assert partials["16,17,3"][1] == partials["16,17,1"][1] + partials["16,17,2"][1]

@@ -410,7 +410,8 @@ def test_cuda_graph_capture_equals_eager(device):
 
 # ---- CUDA test matrix (marked cuda_matrix) -------------------------------------------------------
 # smooth_ap's and recall_at_k's CUDA kernels (the smooth-rank engine's positive-row kernels:
-# subset_forward_kernel, subset_finalize, subset_backward_kernel) against the reference,
+# subset_forward_warps, version 2, or subset_forward_kernel, version 1 with
+# FASTRANK_CUDA_KERNELS=v1; subset_finalize, subset_backward_kernel) against the reference,
 # with the checks of tests/_cuda_matrix.py: on a GPU, or emulated on the CPU by
 # tests/test_emulated.py; deselected where neither can run (tests/conftest.py).
 TAU = 0.05
@@ -432,8 +433,8 @@ def positives(n, m, seed, p=0.25):
     return torch.rand(n, m, generator=torch.Generator().manual_seed(seed + 99)) < p
 
 
-# one block of 256 threads a query, 32 candidates a ballot: sizes around them (longer lists,
-# and more than 256 positives a list: test_long_lists_and_many_positives)
+# a warp a query (version 1: a block of 256 threads), 32 candidates a ballot: sizes around
+# them (longer lists, and more than 256 positives a list: test_long_lists_and_many_positives)
 MATRIX_SHAPES = [(1, 1), (1, 19), (19, 1), (33, 17)]
 
 
@@ -536,14 +537,29 @@ def test_nonfinite_propagates(device, no_finite_check, head, bad):
 @pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 @pytest.mark.parametrize("head", list(HEADS))
-def test_launches_per_call(device, head):
+@pytest.mark.parametrize("version,forward", [("v2", "subset_forward_warps"), ("v1", "subset_forward_kernel")])
+def test_launches_per_call(device, head, version, forward, monkeypatch):
+    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
     s = case(40, 30, seed=10)[0].requires_grad_(True)
     assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "both", "mean", None).backward()) \
-        == ["subset_transpose_kernel", "subset_forward_kernel", "subset_finalize", "subset_backward_kernel"]
+        == ["subset_transpose_kernel", forward, "subset_finalize", "subset_backward_kernel"]
     # i2t alone reads sim's rows in place: no transpose
     s.grad = None
     assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "i2t", "mean", None).backward()) \
-        == ["subset_forward_kernel", "subset_finalize", "subset_backward_kernel"]
+        == [forward, "subset_finalize", "subset_backward_kernel"]
+
+
+@pytest.mark.cuda_matrix
+@pytest.mark.parametrize("head", list(HEADS))
+def test_version_1_values_and_gradients(device, head, monkeypatch):
+    """The engine's version 1 forward stays in the build (the GPU run times both): still checked."""
+    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", "v1")
+    sim, _ = case(33, 17, seed=11)
+    pos = positives(33, 17, seed=11)
+    mask = torch.rand(33, 17, generator=torch.Generator().manual_seed(11)) > 0.3
+    for dtype in (torch.float64, torch.float32):
+        check_loss(HEADS[head]("native"), HEADS[head]("reference"), sim, pos, "both", "mean", mask, dtype=dtype,
+                   device=device)
 
 
 @pytest.mark.cuda_matrix

@@ -944,7 +944,9 @@ def test_cuda_mask_low_precision_runs(dtype):
 
 
 # ---- CUDA test matrix (marked cuda_matrix) -------------------------------------------------------
-# smooth_ndcg's CUDA kernels (forward_tiles, finalize, backward_tiles) against the reference,
+# smooth_ndcg's CUDA kernels (version 2: forward_lists, finalize_lists and the smooth-rank
+# engine's elementwise backward; version 1, FASTRANK_CUDA_KERNELS=v1: forward_tiles, finalize,
+# backward_tiles) against the reference,
 # with the checks of tests/_cuda_matrix.py: on a GPU, or emulated on the CPU by
 # tests/test_emulated.py; deselected where neither can run (tests/conftest.py).
 TAU = 0.05
@@ -958,8 +960,10 @@ def reference(s, r, direction, reduction, mask, tau=TAU):
     return fastrank.smooth_ndcg_loss(s, r, tau, direction, reduction, impl="reference", mask=mask)
 
 
-# sizes: one item, one list, tiles of 16 exactly and not, chunks of 32 candidates and not
-MATRIX_SHAPES = [(1, 1), (1, 19), (19, 1), (16, 32), (33, 17), (20, 70)]
+# sizes: one item, one list, tiles of 16 exactly and not, chunks of 32 candidates and not;
+# version 2's lists of one tile of 32, two, three (an odd count: a bye each round) and 18 (nine
+# tile pairs a round: a warp takes two)
+MATRIX_SHAPES = [(1, 1), (1, 19), (19, 1), (16, 32), (33, 17), (20, 70), (2, 576)]
 
 
 @pytest.mark.cuda_matrix
@@ -1018,25 +1022,50 @@ def test_relevance_read_in_the_accumulation_type(device):
     torch.testing.assert_close(got, exact, rtol=0, atol=2e-5)
 
 
+KERNELS = {"v2": ["forward_lists", "forward_lists", "finalize_lists", "subset_backward_kernel"],  # a launch a direction
+           "v1": ["forward_tiles", "finalize", "backward_tiles"]}
+
+
 @pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
-def test_one_launch_pair_forward_one_backward(device):
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_one_launch_pair_forward_one_backward(device, version, monkeypatch):
+    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
     sim, rel = case(40, 30, seed=10)
     s = sim.requires_grad_(True)
-    assert launches(lambda: native(s, rel, "both", "mean", None).backward()) == \
-        ["forward_tiles", "finalize", "backward_tiles"]
+    assert launches(lambda: native(s, rel, "both", "mean", None).backward()) == KERNELS[version]
 
 
 @pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
-def test_many_short_lists_fit_the_grid(device):
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_many_short_lists_fit_the_grid(device, version, monkeypatch):
     """More than 65535 row tiles (1,048,560 rows of one item): the tiles go on gridDim.x, the
-    launches are valid. Dry run: shapes are checked, nothing is computed."""
+    launches are valid (version 2: a launch a direction, at most 1024 blocks each, a list at a
+    time; the scratch is sized by each direction's own lists, not 1024 blocks x the longest).
+    Dry run: shapes are checked, nothing is computed."""
+    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
     n = 65536 * 16 + 1
     s, rel = torch.zeros(n, 1).requires_grad_(True), torch.zeros(n, 1)
     shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
-    assert [k for k, _, _ in shapes] == ["forward_tiles", "finalize", "backward_tiles"]
-    assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
+    assert [k for k, _, _ in shapes] == KERNELS[version]
+    if version == "v1":
+        assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
+    else:
+        assert shapes[0][1] == (1024, 1, 1) and shapes[1][1] == (1, 1, 1)
+        assert fastrank._native.emulated_cuda().smooth_ndcg_partials_numel(n, 1, 3) < 8 * n
+
+
+@pytest.mark.cuda_matrix
+@pytest.mark.parametrize("n,m", [(33, 17), (20, 70)])
+def test_version_1_values_and_gradients(device, n, m, monkeypatch):
+    """Version 1 stays in the build (the GPU run times both): it is still checked, masks included."""
+    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", "v1")
+    sim, rel = case(n, m, seed=n * 100 + m, levels=4)
+    mask = torch.rand(n, m, generator=torch.Generator().manual_seed(n)) > 0.3
+    for dtype in (torch.float64, torch.float32):
+        check_loss(native, reference, sim, rel, "both", "none", dtype=dtype, device=device)
+        check_loss(native, reference, sim, rel, "both", "mean", mask, dtype=dtype, device=device)
 
 
 class TestGradedLossMatrix(GradedLossCases):

@@ -107,6 +107,38 @@ subset_transpose_kernel(const B* __restrict__ sim, int64_t ss0, int64_t ss1, con
   }
 }
 
+// A positive's sums over its list, walked by one warp (lane-strided, coalesced) and reduced by
+// butterfly warp sums (every lane gets them, in a fixed order): sigma(x), sigma'(x) and, for a
+// head that needs the ranks among the positives (kFlagged), f sigma(x), f sigma'(x)
+// (x = (s_k - s_j) / tau, f = k is a positive; the self pair included, as on the CPU).
+template <typename A> struct RankSums {
+  A a, b, s1, s2;
+};
+template <class Head, typename T, typename A>
+__device__ __forceinline__ RankSums<A> rank_positive(const T* srow, const uint8_t* prow, const uint8_t* mrow,
+                                                     const ListView& v, A sj, A inv_tau, int lane) {
+  RankSums<A> r{A(0), A(0), A(0), A(0)};
+  // pair loop: engine ranks
+  for (int64_t k = lane; k < v.n_c; k += 32) {
+    if (mrow != nullptr && mrow[k * v.m_c] == 0) continue;
+    const Logistic<A> lg = logistic((load(srow[k * v.s_c]) - sj) * inv_tau);
+    const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+    r.a += lg.pos;
+    r.s1 += lg.deriv;
+    if (Head::kFlagged) {
+      r.b += f * lg.pos;
+      r.s2 += f * lg.deriv;
+    }
+  }
+  r.a = warp_sum(r.a);
+  r.s1 = warp_sum(r.s1);
+  if (Head::kFlagged) {
+    r.b = warp_sum(r.b);
+    r.s2 = warp_sum(r.s2);
+  }
+  return r;
+}
+
 // Head: kFlagged (the ranks among the positives, B, and its sums are needed), kStats (the
 // per-query statistics the loss needs), n_stats() (how many of them this call uses),
 // stat(i, A, B) (statistic i of one positive), loss(totals, np) and coef(A, B, totals, np,
@@ -170,31 +202,12 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
         const int64_t order = before + __popc(found & ((1u << b) - 1u));
         if (order % kWarps != warp) continue;
         const int64_t j = c0 + b;
-        const A sj = load(srow[j * v.s_c]);
-        A a = 0, bb = 0, s1 = 0, s2 = 0;
-        for (int64_t k = lane; k < v.n_c; k += 32) {
-          if (!valid(k)) continue;
-          const A x = (load(srow[k * v.s_c]) - sj) * inv_tau;
-          const Logistic<A> lg = logistic(x);
-          const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
-          a += lg.pos;
-          s1 += lg.deriv;
-          if (Head::kFlagged) {
-            bb += f * lg.pos;
-            s2 += f * lg.deriv;
-          }
-        }
-        a = warp_sum(a);
-        s1 = warp_sum(s1);
-        if (Head::kFlagged) {
-          bb = warp_sum(bb);
-          s2 = warp_sum(s2);
-        }
+        const RankSums<A> r = rank_positive<Head>(srow, prow, mrow, v, load(srow[j * v.s_c]), inv_tau, lane);
         if (lane == 0) {
-          X0[j * v.o_c] = a + A(0.5);  // 1 + (sum - sigma(0))
-          X1[j * v.o_c] = bb + A(0.5);
-          X2[j * v.o_c] = s1;
-          X3[j * v.o_c] = s2;
+          X0[j * v.o_c] = r.a + A(0.5);  // 1 + (sum - sigma(0))
+          X1[j * v.o_c] = r.b + A(0.5);
+          X2[j * v.o_c] = r.s1;
+          X3[j * v.o_c] = r.s2;
         }
       }
     }
@@ -253,6 +266,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
             const A sk = load(srow[k * v.s_c]);
             const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
             A acc = 0;
+            // pair loop: engine v1 gradient row
             for (int r = 0; r < cnt; ++r) acc += logistic_deriv((sk - st_s[r]) * inv_tau) * (st_u[r] + st_v[r] * f);
             G[k * v.o_c] += acc;
           }
@@ -266,6 +280,141 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
       }
     }
     __syncthreads();  // the next query reuses the shared arrays
+  }
+}
+
+// Version 2 of the forward (the default; FASTRANK_CUDA_KERNELS=v1 selects
+// subset_forward_kernel above): a warp a query, kWarps queries a block, and no block barrier at
+// all. The same four phases as version 1, each over the warp's own query: its 32 lanes walk
+// the list (lane-strided, coalesced), the sums are butterfly warp sums (every lane gets the
+// same value, in a fixed order), the head's totals sit in the warp's own slice of shared
+// memory, and the gradient row stages the positives 32 at a time (one ballot gives their
+// order) in the warp's slice, so a warp waits only for its own lanes (__syncwarp). Version 1's
+// block a query idled seven warps while one ranked a lone positive, and stopped all eight at a
+// dozen block barriers a query (the H100 profile: barrier stalls, 58 % of issue slots busy).
+// Same workspace, partials and transposed t2i lists as version 1.
+template <typename T, class Head>
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(3, 2))
+subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const uint8_t* __restrict__ pos,
+                     int64_t ps0, int64_t ps1, const uint8_t* __restrict__ mask, int64_t ms0, int64_t ms1, int64_t n,
+                     int64_t m, int direction, int64_t n_i2t, int64_t n_total, acc_t<T> inv_tau, Head head,
+                     int with_grad, acc_t<T>* __restrict__ ws, acc_t<T>* __restrict__ partials,
+                     acc_t<T>* __restrict__ loss_none) {
+  using A = acc_t<T>;
+  __shared__ A st_s[kWarps][32], st_u[kWarps][32], st_v[kWarps][32];  // phase 3: a warp's staged positives
+  __shared__ A totals_all[kWarps][Head::kStats];                        // phase 2: a warp's statistics
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  A* totals = totals_all[warp];
+  const int64_t nm = n * m;
+  const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);  // the transposed lists
+  const T* simT = reinterpret_cast<const T*>(partials + t_off);
+  const uint8_t* posT = reinterpret_cast<const uint8_t*>(partials + t_off + nm);
+  const uint8_t* maskT = posT + nm;
+  for (int64_t qg = int64_t(blockIdx.x) * kWarps + warp; qg < n_total; qg += int64_t(gridDim.x) * kWarps) {
+    const bool t2i = qg >= n_i2t;
+    const int64_t q = t2i ? qg - n_i2t : qg;
+    const int slab = t2i && n_i2t > 0 ? 1 : 0;
+    const ListView v = list_view(t2i, n, m, ss0, ss1, ps0, ps1, ms0, ms1);
+    const T* srow = (t2i ? simT : sim) + q * v.s_q;
+    const uint8_t* prow = (t2i ? posT : pos) + q * v.p_q;
+    const uint8_t* mrow = mask == nullptr ? nullptr : (t2i ? maskT : mask) + q * v.m_q;
+    A* G = ws + (slab == 0 ? L.a1 : L.a2) + q * v.o_q;
+    // the query's slots of the four partials, X[x * nm + c * o_c]: A then u, B then v, S1 then
+    // T = u S1 + v S2, S2 (one base pointer: fewer registers live than four)
+    A* X = partials + slab * 4 * nm + q * v.o_q;
+    auto valid = [&](int64_t c) { return mrow == nullptr || mrow[c * v.m_c] != 0; };
+    auto positive = [&](int64_t c) { return c < v.n_c && valid(c) && prow[c * v.p_c] != 0; };
+
+    // ---- phase 0: the poison of the list, its positives, G = 0
+    A p_sum = 0, np_sum = 0;
+    for (int64_t c = lane; c < v.n_c; c += 32) {
+      if (valid(c)) p_sum += poison(load(srow[c * v.s_c]));
+      np_sum += positive(c) ? A(1) : A(0);
+      if (with_grad) G[c * v.o_c] = A(0);
+    }
+    const A pois = warp_sum(p_sum);
+    const A np = warp_sum(np_sum);
+
+    // ---- phase 1: each positive ranked over the whole list by the warp's lanes
+    for (int64_t c0 = 0; c0 < v.n_c; c0 += 32) {
+      const unsigned found = __ballot_sync(0xffffffffu, positive(c0 + lane));
+      for (unsigned bal = found; bal != 0; bal &= bal - 1) {  // warp-uniform: the chunk's positives in order
+        const int64_t j = c0 + __ffs(static_cast<int>(bal)) - 1;
+        const RankSums<A> r = rank_positive<Head>(srow, prow, mrow, v, load(srow[j * v.s_c]), inv_tau, lane);
+        if (lane == 0) {
+          X[j * v.o_c] = r.a + A(0.5);  // 1 + (sum - sigma(0))
+          X[1 * nm + j * v.o_c] = r.b + A(0.5);
+          X[2 * nm + j * v.o_c] = r.s1;
+          X[3 * nm + j * v.o_c] = r.s2;
+        }
+      }
+    }
+    __syncwarp();  // lane 0's partials are read by every lane below
+
+    // ---- phase 2: the head's statistics, the loss, the coefficients
+    for (int i = 0; i < head.n_stats(); ++i) {
+      A s = 0;
+      for (int64_t c = lane; c < v.n_c; c += 32) {
+        if (positive(c)) s += head.stat(i, X[c * v.o_c], X[1 * nm + c * v.o_c]);
+      }
+      s = warp_sum(s);
+      if (lane == 0) totals[i] = s;
+    }
+    __syncwarp();  // the totals are visible to the warp
+    const A qloss = (np > A(0) ? head.loss(totals, np) : A(0)) + pois;
+    if (with_grad && np > A(0)) {
+      for (int64_t c = lane; c < v.n_c; c += 32) {
+        if (!positive(c)) continue;
+        A u, w;
+        head.coef(X[c * v.o_c], X[1 * nm + c * v.o_c], totals, np, &u, &w);
+        X[2 * nm + c * v.o_c] = u * X[2 * nm + c * v.o_c] + w * X[3 * nm + c * v.o_c];
+        X[c * v.o_c] = u;
+        X[1 * nm + c * v.o_c] = w;
+      }
+    }
+    if (lane == 0) {
+      ws[L.qloss + qg] = qloss;
+      ws[L.idcg + qg] = np > A(0) ? A(1) : A(0);  // aux: the query counts in "mean"
+      if (loss_none != nullptr) loss_none[qg] = qloss;
+    }
+
+    // ---- phase 3: the gradient row, the positives staged 32 at a time
+    if (with_grad) {
+      __syncwarp();  // the coefficients of phase 2 are visible to the warp
+      for (int64_t c0 = 0; c0 < v.n_c; c0 += 32) {
+        const int64_t c = c0 + lane;
+        const bool p = positive(c);
+        const unsigned bal = __ballot_sync(0xffffffffu, p);
+        const int cnt = __popc(bal);
+        if (p) {
+          const int slot = __popc(bal & ((1u << lane) - 1u));
+          st_s[warp][slot] = load(srow[c * v.s_c]);
+          st_u[warp][slot] = X[c * v.o_c];
+          st_v[warp][slot] = Head::kFlagged ? X[1 * nm + c * v.o_c] : A(0);
+        }
+        __syncwarp();
+        if (cnt > 0) {  // warp-uniform
+          for (int64_t k = lane; k < v.n_c; k += 32) {
+            if (!valid(k)) continue;
+            const A sk = load(srow[k * v.s_c]);
+            const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+            A acc = 0;
+            // pair loop: engine v2 gradient row
+            for (int r = 0; r < cnt; ++r)
+              acc += logistic_deriv((sk - st_s[warp][r]) * inv_tau) * (st_u[warp][r] + st_v[warp][r] * f);
+            G[k * v.o_c] += acc;
+          }
+        }
+        __syncwarp();  // the staging slice is rewritten by the next chunk
+      }
+      for (int64_t k = lane; k < v.n_c; k += 32) {
+        if (!valid(k)) continue;
+        const A own = positive(k) && np > A(0) ? X[2 * nm + k * v.o_c] : A(0);
+        G[k * v.o_c] = (G[k * v.o_c] - own) * inv_tau + poison(load(srow[k * v.s_c]));
+      }
+    }
+    __syncwarp();  // the next query reuses the warp's shared slices
   }
 }
 
@@ -368,7 +517,10 @@ int subset_forward(const Head& head, const P& p) {
                          posT + n * m);
     if (e != 0) return e;
   }
-  const int e = launch(subset_forward_kernel<T, Head>, strided_grid(n_total), kThreads, 0, st,
+  // version 2 (a warp a query) unless FASTRANK_CUDA_KERNELS=v1 (a block a query)
+  const bool v1 = kernel_version() == 1;
+  const int e = launch(v1 ? subset_forward_kernel<T, Head> : subset_forward_warps<T, Head>,
+                       v1 ? strided_grid(n_total) : strided_grid((n_total + kWarps - 1) / kWarps), kThreads, 0, st,
                        static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,
                        p.mask.data, p.mask.s0, p.mask.s1, n, m, direction, n_i2t, n_total,
                        static_cast<A>(1.0 / p.tau), head, int(p.with_grad), w, part,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fastrank/common.h"
 #include "fastrank/launch.h"
 
 namespace selftest {
@@ -15,6 +16,18 @@ namespace {
 
 using fastrank::cuda::launch;
 constexpr int kThreads = 128;
+
+// ---- the special-function unit's approximations ------------------------------------------------
+// out[0, 128): 2^(i - 64) by exp2_approx, out[128, 256): 1 / (i - 127.5) by rcp_approx (common.h,
+// the kernels' helpers), out[256, 384): a kernel that relies on exactness: 2^k by
+// exp2_approx, truncated to an integer, is 2^k only if the exp is exact (or rounds up).
+__global__ void __launch_bounds__(kThreads) special_functions(float* out) {
+  const int i = threadIdx.x;
+  out[i] = fastrank::exp2_approx(static_cast<float>(i - 64));
+  out[128 + i] = fastrank::rcp_approx(static_cast<float>(i) - 127.5f);
+  const int k = i % 24;
+  out[256 + i] = static_cast<float>(static_cast<int>(fastrank::exp2_approx(static_cast<float>(k))) == (1 << k));
+}
 
 // ---- correct controls ----------------------------------------------------------------------
 __global__ void __launch_bounds__(kThreads) neighbour_sum(float* out) {
@@ -133,6 +146,7 @@ struct Case {
 
 const Case kCases[] = {
     {"neighbour_sum", [](float* o, int) { return launch(neighbour_sum, 1, kThreads, 0, nullptr, o); }},
+    {"special_functions", [](float* o, int) { return launch(special_functions, 1, kThreads, 0, nullptr, o); }},
     {"shuffles", [](float* o, int) { return launch(shuffles, 1, 64, 0, nullptr, o); }},
     {"split_warp", [](float* o, int) { return launch(split_warp, 1, 32, 0, nullptr, o); }},
     {"early_return_before_barrier",

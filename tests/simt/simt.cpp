@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -722,6 +724,67 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
+// ---- approximations: the special-function unit's documented error ----------------------------------
+namespace simt {
+namespace {
+struct ApproxMode {
+  int mode = 1;
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+};
+ApproxMode& approx_mode() {
+  static ApproxMode m = [] {
+    ApproxMode a;
+    if (const char* e = std::getenv("FASTRANK_SIMT_APPROX")) a.mode = std::atoi(e);
+    return a;
+  }();
+  return m;
+}
+
+uint64_t mix(uint64_t z) {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+float flush(float x) { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
+
+// the correctly rounded `exact` moved by an offset in [-ulps, ulps] units in the last place (the
+// mode's choice); zeros, infinities and NaN stay as they are
+float perturb(double exact, uint32_t op, uint64_t in_bits, int ulps) {
+  float r = static_cast<float>(exact);
+  const ApproxMode& m = approx_mode();
+  if (m.mode == 0 || ulps <= 0 || r == 0.0f || !std::isfinite(r)) return r;
+  int64_t k = 0;
+  if (m.mode == 2) k = ulps;
+  else if (m.mode == 3) k = -ulps;
+  else k = static_cast<int64_t>(mix(m.seed ^ mix(in_bits * 0x100000001b3ull + op)) % uint64_t(2 * ulps + 1)) - ulps;
+  uint32_t b;
+  std::memcpy(&b, &r, 4);
+  const uint32_t mag = b & 0x7fffffffu, sign = b & 0x80000000u;
+  int64_t nm = static_cast<int64_t>(mag) + k;  // ulps of the magnitude: stays finite and >= 0 below
+  if (nm < 0) nm = 0;
+  if (nm > 0x7f7fffff) nm = 0x7f7fffff;
+  b = sign | static_cast<uint32_t>(nm);
+  std::memcpy(&r, &b, 4);
+  return r;
+}
+uint64_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+}  // namespace
+
+float ex2_approx(float x) { return flush(perturb(std::exp2(static_cast<double>(flush(x))), 1, bits(x), 2)); }
+float rcp_approx(float x) { return flush(perturb(1.0 / static_cast<double>(flush(x)), 2, bits(x), 2)); }
+float expf_approx(float x) {
+  return perturb(std::exp(static_cast<double>(x)), 3, bits(x), 2 + static_cast<int>(std::floor(std::fabs(1.173 * x))));
+}
+float fdividef_approx(float a, float b) {
+  return perturb(static_cast<double>(a) / static_cast<double>(b), 4, bits(a) << 32 | bits(b), 2);
+}
+}  // namespace simt
+
 // ---- control from Python (ctypes) -----------------------------------------------------------------
 extern "C" {
 __attribute__((visibility("default"))) void simt_configure(int order, unsigned long long seed, int poison, int dry_run) {
@@ -735,4 +798,8 @@ __attribute__((visibility("default"))) int simt_log_entry(int i, char* buf, int 
   return static_cast<int>(log[static_cast<size_t>(i)].size());
 }
 __attribute__((visibility("default"))) void simt_log_clear() { simt::launch_log().clear(); }
+// The approximations' mode (simt.h: 0 exact, 1 hashed within the bound, 2 +bound, 3 -bound) and seed.
+__attribute__((visibility("default"))) void simt_approx(int mode, unsigned long long seed) {
+  simt::approx_mode() = simt::ApproxMode{mode, seed};
+}
 }

@@ -122,9 +122,26 @@ template <typename T> T atomic_rmw(T* p, T v, int op) {
 
 template <typename T> struct Id { using type = T; };
 
+// ---- the special-function unit's approximations (simt.cpp) ------------------------------------
+// Each returns the correctly rounded result moved by up to the documented error, in ulps of the
+// result: ex2.approx.ftz.f32 (exp2_approx of common.h) and rcp.approx.ftz.f32 (rcp_approx) 2 ulp
+// (CUDA C++ Programming Guide: exp2f 2 ulp; __fdividef 2 ulp for a divisor in [2^-126, 2^126]),
+// __expf 2 + floor(|1.173 x|) ulp (the guide's bound), __fdividef 2 ulp; the ftz forms flush
+// denormal inputs and results to zero. How far, by the mode (simt_approx): 0 exact; 1 (the
+// default) a pseudo-random offset in [-E, E] from a hash of the operation, its input bits and
+// a seed (the same input gives the same result under every schedule); 2 always +E; 3 always -E.
+float ex2_approx(float x);
+float rcp_approx(float x);
+float expf_approx(float x);
+float fdividef_approx(float a, float b);
+
 inline void syncwarp(Site site, unsigned mask = 0xffffffffu) {
   (void)warp_collective(site, WarpOp::kSyncWarp, mask, 0, 0, 32);
 }
+struct SyncWarp {  // __syncwarp() and __syncwarp(mask) at one call site
+  Site site;
+  void operator()(unsigned mask = 0xffffffffu) const { syncwarp(site, mask); }
+};
 
 }  // namespace simt
 
@@ -166,7 +183,7 @@ inline void syncwarp(Site site, unsigned mask = 0xffffffffu) {
   static_cast<int>(::simt::warp_collective(SIMT_SITE, ::simt::WarpOp::kAny, m, (p) ? 1 : 0, 0, 32))
 #define __all_sync(m, p) \
   static_cast<int>(::simt::warp_collective(SIMT_SITE, ::simt::WarpOp::kAll, m, (p) ? 1 : 0, 0, 32))
-#define __syncwarp(...) ::simt::syncwarp(SIMT_SITE, ##__VA_ARGS__)
+#define __syncwarp(...) ::simt::SyncWarp{SIMT_SITE}(__VA_ARGS__)  // with or without a mask, in ISO C++17
 
 inline void __threadfence() {}
 inline void __threadfence_block() {}
@@ -200,10 +217,12 @@ inline double __dsub_rn(double a, double b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
-// Fast math: the accurate host function (the GPU's approximations differ in the last bits).
-inline float __expf(float x) { return expf(x); }
+// Fast math: the hardware's approximations, within their documented error (simt.cpp,
+// "approximations"): the result of each is the exact one moved by up to the documented
+// number of ulps, as the mode says (FASTRANK_SIMT_APPROX or simt_approx() from Python).
+inline float __expf(float x) { return ::simt::expf_approx(x); }
 inline float __logf(float x) { return logf(x); }
-inline float __fdividef(float a, float b) { return a / b; }
+inline float __fdividef(float a, float b) { return ::simt::fdividef_approx(a, b); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }

@@ -177,6 +177,37 @@ FR_HD float recip_1p(float e) {
 }
 FR_HD double recip_1p(double e) { return 1.0 / (1.0 + e); }
 
+// ---- the special-function unit, directly (CUDA float) -----------------------------------
+// exp2_approx(x) = 2^x as one MUFU.EX2 (PTX ex2.approx.ftz.f32) and rcp_approx(x) = 1 / x as
+// one MUFU.RCP (rcp.approx.ftz.f32): no range reduction, no denormal fix-up (__expf adds
+// three instructions around its MUFU.EX2 for denormal results, and a multiply by log2(e)).
+// Documented errors (CUDA C++ Programming Guide, mathematical functions: exp2f, whose code
+// is this instruction, 2 ulp; __fdividef, MUFU.RCP and a multiply, 2 ulp for a divisor in
+// [2^-126, 2^126]): denormal inputs and results are flushed to zero. The SIMT emulator
+// returns a result perturbed within exactly these bounds (tests/simt, simt::ex2_approx), so
+// the emulated matrix checks the accuracy the GPU gives. double, and host code: the
+// library functions.
+#if defined(__CUDA_ARCH__) && defined(FASTRANK_SIMT)
+FR_HD float exp2_approx(float x) { return ::simt::ex2_approx(x); }
+FR_HD float rcp_approx(float x) { return ::simt::rcp_approx(x); }
+#elif defined(__CUDA_ARCH__)
+FR_HD float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+FR_HD float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#else
+inline float exp2_approx(float x) { return std::exp2(x); }
+inline float rcp_approx(float x) { return 1.0f / x; }
+#endif
+FR_HD double exp2_approx(double x) { return exp2(x); }
+FR_HD double rcp_approx(double x) { return 1.0 / x; }
+
 // For x: e = exp(-|x|) in (0, 1], a = 1 / (1 + e) = sigma(|x|), b = e * a = sigma(-|x|).
 // Then sigma(x) and sigma(-x) are a and b in some order, and sigma'(x) = a * b:
 // one exp serves both members of a pair (sigma(-x) = 1 - sigma(x)) without the

@@ -27,8 +27,12 @@
 //    per-query factor; the forward runs this second pair pass while the list is in cache,
 //    on the sigma' values its rank pass kept (skipped when with_grad = 0), so the
 //    backward is elementwise;
-//  - CUDA: a = g * d/dpi [1 / log2(1 + pi)]; the backward runs the pair pass.
-// Both carry poison(s + r), so a non-finite input poisons the gradient. Then
+//  - CUDA version 2 (the default): G scaled by the query's -1 / (tau * IDCG), complete but for
+//    the upstream weight (the forward runs both pair passes; the backward is elementwise),
+//    w_t2i stored transposed, (m, n), as the subset heads' (smooth_rank.h);
+//  - CUDA version 1 (FASTRANK_CUDA_KERNELS=v1): a = g * d/dpi [1 / log2(1 + pi)]; the
+//    backward runs the pair pass.
+// All carry poison(s + r), so a non-finite input poisons the gradient. Then
 //   d loss_q / d s_m = -(1 / (tau * IDCG_q)) sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m)
 // scaled by grad_out (strided by `gs`; reduction none: one per query, else grad_out[0]
 // times 1/count_d for mean). grad is written contiguous (n, m) in sim's storage type.
@@ -79,16 +83,24 @@ void smooth_ndcg_backward(const SmoothNdcgBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// The forward always writes a (cheap next to the ranks); the backward runs the pair pass
-// over sim. `partials`: per-tile partial sums of the forward (smooth_ndcg_partials_numel
-// accumulation-type elements, freed after it). `stream`: a cudaStream_t. The entry points
-// return a cudaError_t as int (0 = success).
+// Two kernel versions (FASTRANK_CUDA_KERNELS, launch.h), one workspace size:
+//  - version 2 (smooth_ndcg.cu, the default): a block a list; the forward runs both pair
+//    passes (with_grad; the rank pass alone without) and leaves w_d = G_d complete but for
+//    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.h); the
+//    backward is the smooth-rank engine's elementwise one. `partials`: the list flags (Q),
+//    then a scratch of 3 (span + 32) values for each block of a direction's launch;
+//  - version 1 (smooth_ndcg_v1.cu): thread-per-element tiles; the forward writes a, the
+//    backward runs the pair pass over sim; `partials`: per-tile partial sums.
+// `partials` has smooth_ndcg_partials_numel accumulation-type elements (the larger need of
+// the two), freed after the forward. `stream`: a cudaStream_t. The entry points return a
+// cudaError_t as int (0 = success).
 struct SmoothNdcgForward {
   Lists lists;
   DType rel_dt;  // sim's storage type or its accumulation type
   MatIn sim, rel;
   MaskIn mask;
   double tau;
+  bool with_grad;  // version 2: run the gradient pass (version 1 ignores it)
   void* out;
   void* ws;
   void* partials;
@@ -104,11 +116,33 @@ struct SmoothNdcgBackward {
   void* grad;
   void* stream;
 };
-constexpr int kSmoothNdcgTile = 16;  // element tile edge of the CUDA kernels (smooth_ndcg.cu)
-// 3 values per query per tile of its list: 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16) if t2i).
+constexpr int kSmoothNdcgTile = 16;  // version 1: element tile edge (smooth_ndcg_v1.cu)
+constexpr int64_t kSmoothNdcgListBlocks = 1024;  // version 2: the most blocks of a direction's launch
+// version 2: a list's scratch span, its length rounded up to a power of two >= 32
+inline int64_t smooth_ndcg_list_span(int64_t len) {
+  int64_t s = 32;
+  while (s < len) s <<= 1;
+  return s;
+}
+// version 2: the blocks of one direction's launch over `lists` lists, one list at a time each
+inline int64_t smooth_ndcg_list_blocks(int64_t lists) {
+  return lists < kSmoothNdcgListBlocks ? lists : kSmoothNdcgListBlocks;
+}
+// version 2: the scratch of one direction's launch (3 (span + 32) values a block), lists of `len`
+inline int64_t smooth_ndcg_list_scratch(int64_t lists, int64_t len) {
+  return smooth_ndcg_list_blocks(lists) * 3 * (smooth_ndcg_list_span(len) + 32);
+}
+// version 1: 3 values per query per tile of its list, 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16)
+// if t2i); version 2: Q list flags + the larger direction's scratch (the two launches reuse it);
+// the larger of the two versions' needs.
 inline int64_t smooth_ndcg_partials_numel(int64_t n, int64_t m, int direction) {
   const int64_t t = kSmoothNdcgTile;
-  return 3 * (((direction & kI2T) ? n * ((m + t - 1) / t) : 0) + ((direction & kT2I) ? m * ((n + t - 1) / t) : 0));
+  const int64_t v1 =
+      3 * (((direction & kI2T) ? n * ((m + t - 1) / t) : 0) + ((direction & kT2I) ? m * ((n + t - 1) / t) : 0));
+  const int64_t s1 = (direction & kI2T) ? smooth_ndcg_list_scratch(n, m) : 0;
+  const int64_t s2 = (direction & kT2I) ? smooth_ndcg_list_scratch(m, n) : 0;
+  const int64_t v2 = query_count(n, m, direction) + (s1 > s2 ? s1 : s2);
+  return v1 > v2 ? v1 : v2;
 }
 int smooth_ndcg_forward(const SmoothNdcgForward& p);
 int smooth_ndcg_backward(const SmoothNdcgBackward& p);

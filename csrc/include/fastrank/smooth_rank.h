@@ -9,7 +9,8 @@
 //   ws = [w_i2t (n*m) if i2t][w_t2i (n*m) if t2i][aux (Q)][qloss (Q)][count_i2t, count_t2i]
 // w_d: per-element state of direction d in the (n, m) layout (0 for masked items), the
 // query's gradient row G (up to the head's per-query factor) or, for smooth-NDCG on CUDA,
-// the coefficients of its backward pair pass; for Smooth-AP and Recall@k on CUDA, w_t2i is
+// the coefficients of its backward pair pass (version 1 of its kernels; version 2 keeps G like
+// the subset heads); for Smooth-AP, Recall@k and smooth-NDCG version 2 on CUDA, w_t2i is
 // stored transposed, (m, n), each column query's G contiguous; aux: a per-query value of the head (the IDCG
 // for smooth-NDCG); qloss: the per-query losses, i2t first; count_d: the queries of
 // direction d that count in "mean" (as float). Q = the number of queries (n if i2t, + m if

@@ -58,7 +58,7 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     if cuda:
         part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc)
         call("smooth_ndcg_forward", s, n, m, direction, reduction, DTYPE_CODE[r.dtype], *mat(s), *mat(r),
-             *mask_args(mask), tau, out.data_ptr(), ws.data_ptr(), part.data_ptr())
+             *mask_args(mask), tau, int(with_grad), out.data_ptr(), ws.data_ptr(), part.data_ptr())
     else:
         call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *(mat(r) if r is not None else (0, 0, 0)),
              *mask_args(mask), *rel_lists, pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr())
