@@ -295,3 +295,118 @@ class GradedLossCases:
         sim, rel = case(9, 11, seed=9)
         (sim if where == "sim" else rel)[2, 3] = bad
         check_nonfinite_propagates(self.native, sim, rel, device)
+
+
+def sparse_relevance_case(n: int, m: int, seed: int, k: int = 3, ties: bool = False, masked: bool = False):
+    """(sim, relevance, mask or None), float64: at most k nonzero relevances a row, with (n > 2)
+    row 1 all zero and row 2 all nonzero; ``ties``: tied scores and relevances; ``masked``: a
+    mask with an empty row and an empty column where the shape allows."""
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.randn(n, m, generator=g, dtype=torch.float64)
+    rel = torch.zeros(n, m, dtype=torch.float64)
+    for i in range(n):
+        cols = torch.randperm(m, generator=g)[:min(k, m)]
+        rel[i, cols] = torch.rand(len(cols), generator=g, dtype=torch.float64) + 0.05
+    if ties:
+        sim = (sim * 2).round() / 2
+        rel = (rel * 3).ceil() / 3
+    if n > 2:
+        rel[1] = 0.0
+        rel[2] = torch.rand(m, generator=g, dtype=torch.float64) + 0.1
+    mask = None
+    if masked:
+        mask = torch.rand(n, m, generator=g) < 0.8
+        if n > 3 and m > 3:
+            mask[3] = False
+            mask[:, 1] = False
+    return sim, rel, mask
+
+
+def forced(path: str, fn: Callable) -> Callable:
+    """fn with the graded kernels' pass forced for every list ("dense", "sparse" or "auto")."""
+    def call(*args):
+        with _native.pair_path(path):
+            return fn(*args)
+    return call
+
+
+class SparseRelevanceCases:
+    """The CUDA matrix cases of the graded losses whose kernels read top-k relevance lists and
+    take a sparse pass per list (smooth-NDCG version 2, Kendall; docs/spec.md §2.1b): the
+    relevance given as the (N, M) matrix or as a :class:`fastrank.TopKRelevance` (never made
+    into a matrix), each list on the dense pass or the sparse one (forced, and auto), gives the
+    dense pass's values to 1e-12 in float64. An op's test file subclasses it as
+    ``TestSparseRelevanceMatrix`` with its ``native`` and ``reference`` calls
+    (``loss_fn(s, r, direction, reduction, mask)``; r a matrix or a TopKRelevance)."""
+    pytestmark = [pytest.mark.cuda_matrix]
+    native: Callable
+    reference: Callable
+
+    def _forms_agree(self, sim, rel, mask, direction, reduction, device, dtype=torch.float64, schedules=None):
+        import fastrank
+        top = fastrank.TopKRelevance.from_dense(rel, rel.shape[1])  # every nonzero entry: the matrix exactly
+        assert torch.equal(top.to_dense(), rel)
+        want = check_loss(forced("dense", self.native), self.reference, sim, rel, direction, reduction, mask,
+                          dtype=dtype, device=device, schedules=schedules)
+        reference = reference_case(self.reference, sim.to(dtype), rel, direction, reduction, mask)
+        for path in ("dense", "sparse", "auto"):
+            for form, r in (("matrix", rel), ("lists", top)):
+                if path == "dense" and form == "matrix":
+                    continue
+                got = run_case(forced(path, self.native), sim, r, direction, reduction, mask, dtype=dtype,
+                               device=device, schedules=schedules)
+                # float64: the dense pass's values; float32: the reference's, within the dense pass's tolerance
+                ref = want if dtype == torch.float64 else reference
+                tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else TOL[dtype]
+                for i in range(2):
+                    torch.testing.assert_close(got[i].double(), ref[i].double(), **tol,
+                                               msg=lambda s, p=path, f=form: f"{p} pass, {f}: {s}")
+
+    @pytest.mark.parametrize("n,m", [(1, 1), (1, 19), (19, 1), (9, 40), (40, 9)])
+    def test_lists_and_sparse_pass_equal_the_dense_pass(self, device, n, m):
+        """Masks (an empty list each way), ties, all-zero and all-nonzero lists, both directions."""
+        for seed, (ties, masked) in enumerate([(False, False), (True, True)]):
+            sim, rel, mask = sparse_relevance_case(n, m, seed=n * 100 + m + seed, ties=ties, masked=masked)
+            self._forms_agree(sim, rel, mask, "both", "none", device)
+
+    @pytest.mark.parametrize("direction,reduction", [("i2t", "none"), ("t2i", "mean"), ("both", "sum")])
+    def test_each_direction_and_reduction(self, device, direction, reduction):
+        sim, rel, mask = sparse_relevance_case(12, 20, seed=21, ties=True, masked=True)
+        self._forms_agree(sim, rel, mask, direction, reduction, device, schedules=SCHEDULES)
+
+    def test_float32(self, device):
+        sim, rel, mask = sparse_relevance_case(14, 30, seed=22, masked=True)
+        self._forms_agree(sim, rel, mask, "both", "none", device, dtype=torch.float32)
+
+    def test_long_lists_many_nonzero(self, device):
+        """Lists longer than a block's threads (and than Kendall's 1024-candidate chunk), 40
+        nonzero items a list (ten groups of the sparse pass's rows)."""
+        sim, rel, _ = sparse_relevance_case(2, 1100, seed=23, k=40)
+        self._forms_agree(sim, rel, None, "i2t", "none", device)
+        sim, rel, _ = sparse_relevance_case(300, 2, seed=24, k=1)
+        self._forms_agree(sim, rel, None, "t2i", "none", device)
+
+    def test_half_scores_with_float32_lists(self, device):
+        """bfloat16 scores, float32 relevance: the lists are read in the accumulation type, as
+        the matrix is (the same values, bit for bit, whichever pass)."""
+        import fastrank
+        sim, rel, _ = sparse_relevance_case(10, 24, seed=25)
+        s, r = sim.to(torch.bfloat16).to(device), rel.float()
+        top = fastrank.TopKRelevance.from_dense(r, 24).to(device)
+        for path in ("dense", "sparse"):
+            a = each_schedule(lambda: forced(path, self.native)(s, r.to(device), "both", "none", None))[0]
+            b = each_schedule(lambda: forced(path, self.native)(s, top, "both", "none", None))[0]
+            assert a.dtype == torch.float32 and torch.equal(a, b), path
+
+    @pytest.mark.parametrize("where", ["zero-relevance item", "nonzero-relevance item"])
+    def test_nonfinite_score_propagates_on_the_sparse_pass(self, device, no_finite_check, where):
+        import fastrank
+        sim, rel, _ = sparse_relevance_case(4, 30, seed=26, k=2)
+        j = int((rel[0] == 0).nonzero()[0]) if where == "zero-relevance item" else int((rel[0] != 0).nonzero()[0])
+        sim[0, j] = float("nan")
+        top = fastrank.TopKRelevance.from_dense(rel, 30).to(device)
+        s = sim.to(device).requires_grad_(True)
+        loss = forced("sparse", self.native)(s, top, "i2t", "none", None)
+        (grad,) = torch.autograd.grad(loss.sum(), s)
+        assert torch.isnan(loss[0]) and torch.isfinite(loss[1:]).all()
+        assert torch.isnan(grad[0]).any() and torch.isfinite(grad[1:]).all()

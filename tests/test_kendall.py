@@ -6,8 +6,8 @@ import torch
 
 import _cuda_checks
 import fastrank
-from _cuda_matrix import (EMULATED, SCHEDULES, GradedLossCases, case, check_loss, dry_run_launches, each_schedule,
-                          launches)
+from _cuda_matrix import (EMULATED, SCHEDULES, GradedLossCases, SparseRelevanceCases, case, check_loss, dry_run_launches,
+                          each_schedule, launches)
 from fastrank.ops.kendall import kendall_op
 
 CUDA = fastrank.backends()["cuda_available"]
@@ -716,12 +716,15 @@ def test_launches_per_call(device):
 @pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
 def test_many_queries_fit_the_grid(device, no_finite_check):
-    """One block a query, grid-strided: the block count never passes gridDim.x's limit, and
-    the backward's elementwise grid is capped. Dry run: shapes checked, nothing computed."""
+    """A block a list, at most 1024, grid-strided: the block count never passes gridDim.x's
+    limit, and the backward's elementwise grid is capped. The forward's scratch is sized by
+    each direction's own lists (1024 blocks of the 2-item rows, 2 of the 300,000-item
+    columns), not 1024 blocks x the longest list. Dry run: shapes checked, nothing computed."""
     s, rel = torch.zeros(300_000, 2).requires_grad_(True), torch.zeros(300_000, 2)
     shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
     assert [k for k, _, _ in shapes] == ["kendall_kernel", "reduce_queries_kernel", "kendall_backward_kernel"]
-    assert shapes[0][1] == (300_002, 1, 1) and shapes[2][1] == ((600_000 + 255) // 256, 1, 1)
+    assert shapes[0][1] == (1024, 1, 1) and shapes[2][1] == ((600_000 + 255) // 256, 1, 1)
+    assert fastrank._native.emulated_cuda().kendall_partials_numel(300_000, 2, 3) < 10 * 300_000
 
 
 class TestGradedLossMatrix(GradedLossCases):
@@ -729,3 +732,9 @@ class TestGradedLossMatrix(GradedLossCases):
     native = staticmethod(native)
     reference = staticmethod(reference)
     levels = 5
+
+
+class TestSparseRelevanceMatrix(SparseRelevanceCases):
+    """Top-k relevance lists and the sparse pass (tests/_cuda_matrix.py), on kendall's calls."""
+    native = staticmethod(native)
+    reference = staticmethod(reference)

@@ -7,8 +7,8 @@ import torch
 
 import _cuda_checks
 import fastrank
-from _cuda_matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, GradedLossCases, case, check_loss,
-                          dry_run_launches, each_schedule, launches)
+from _cuda_matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, GradedLossCases, SparseRelevanceCases, case,
+                          check_loss, dry_run_launches, each_schedule, launches)
 from fastrank.ops.smooth_ndcg import smooth_ndcg_backward_op, smooth_ndcg_op
 from fastrank.reference.smooth_ndcg import smooth_ndcg_per_query
 
@@ -1053,7 +1053,7 @@ def test_many_short_lists_fit_the_grid(device, version, monkeypatch):
         assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
     else:
         assert shapes[0][1] == (1024, 1, 1) and shapes[1][1] == (1, 1, 1)
-        assert fastrank._native.emulated_cuda().smooth_ndcg_partials_numel(n, 1, 3) < 8 * n
+        assert fastrank._native.emulated_cuda().smooth_ndcg_partials_numel(n, 1, 3) < 10 * n  # flags + 4 (2^21 + 32)
 
 
 @pytest.mark.cuda_matrix
@@ -1068,7 +1068,28 @@ def test_version_1_values_and_gradients(device, n, m, monkeypatch):
         check_loss(native, reference, sim, rel, "both", "mean", mask, dtype=dtype, device=device)
 
 
+@pytest.mark.cuda_matrix
+def test_version_1_takes_lists_as_their_matrix(device, monkeypatch):
+    """Version 1 reads the relevance matrix only: given top-k lists, the op makes their (N, M)
+    matrix for it (version 2 never does), with the same values."""
+    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", "v1")
+    sim, rel = case(12, 20, seed=27, levels=4)
+    rel[:, ::2] = 0.0
+    top = fastrank.TopKRelevance.from_dense(rel, 20)
+    mask = torch.rand(12, 20, generator=torch.Generator().manual_seed(27)) > 0.3
+    want = check_loss(native, reference, sim, rel, "both", "none", mask, dtype=torch.float64, device=device)
+    got = check_loss(lambda s, r, d, red, mk: native(s, top.to(s.device), d, red, mk), reference, sim, rel, "both",
+                     "none", mask, dtype=torch.float64, device=device)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 class TestGradedLossMatrix(GradedLossCases):
     """The cases every graded loss shares (tests/_cuda_matrix.py), on smooth_ndcg's calls."""
+    native = staticmethod(native)
+    reference = staticmethod(reference)
+
+
+class TestSparseRelevanceMatrix(SparseRelevanceCases):
+    """Top-k relevance lists and the sparse pass (tests/_cuda_matrix.py), on smooth_ndcg's calls."""
     native = staticmethod(native)
     reference = staticmethod(reference)

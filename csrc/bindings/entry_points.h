@@ -34,7 +34,8 @@
 #define FASTRANK_CUDA_SIZES(X) \
   X(fast_rerank_workspace)      \
   X(smooth_ndcg_partials_numel) \
-  X(smooth_rank_partials_numel)
+  X(smooth_rank_partials_numel) \
+  X(kendall_partials_numel)
 
 // One size function of the backend namespace FASTRANK_BACKEND into the module `m`.
 #define FASTRANK_BIND_SIZE(function) m.def(#function, &FASTRANK_BACKEND::function);

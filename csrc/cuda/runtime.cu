@@ -1,6 +1,7 @@
 // CUDA runtime queries used by the CUDA module's bindings (see runtime.h).
 #include <cuda_runtime.h>
 
+#include "fastrank/launch.h"
 #include "fastrank/runtime.h"
 
 namespace fastrank {
@@ -24,6 +25,8 @@ int runtime_version() {
 const char* error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 int synchronize() { return static_cast<int>(cudaDeviceSynchronize()); }
+
+int selected_kernel_version() { return kernel_version(); }
 
 }  // namespace cuda
 }  // namespace fastrank

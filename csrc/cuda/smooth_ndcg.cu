@@ -1,27 +1,46 @@
-// Fused smooth-NDCG on CUDA, version 2 (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21).
+// Fused smooth-NDCG on CUDA, version 2 (docs/spec.md §2.1, 2.1a, 2.1b; Listwise ITR, Eq. 16-21).
 //
 // One call = 1 launch a direction + 1 reduction forward, 1 elementwise backward, for
-// every N and direction; no host sync, no atomics, bit-identical run to run. Version 1 (the
-// thread-per-element tiles, smooth_ndcg_v1.cu) stays in the build: FASTRANK_CUDA_KERNELS=v1
+// every N and direction; no host sync, no float atomics, bit-identical run to run. Version 1
+// (the thread-per-element tiles, smooth_ndcg_v1.cu) stays in the build: FASTRANK_CUDA_KERNELS=v1
 // selects it per call (launch.h, kernel_version), so one run times both.
 //
 // forward_lists: one launch a direction, a block of 8 warps per list (grid-strided over the
-// direction's lists, at most kSmoothNdcgListBlocks blocks, each with its own scratch sized by
-// the direction's list length). Per list, of C items (C = m for a row, n for a column):
-//  1. setup (list_setup, reusable by a sparse-gain path beside the dense pair pass): the
-//     list's scores gathered into the scratch `y` (one strided pass over its row or column;
-//     -inf for a masked item and for the padding up to the power of two Cs, so that the pair
-//     passes test no mask), its gains into `acc`, then the ideal DCG from the gains sorted in
-//     the scratch (a bitonic sort of Cs values, Cs log^2 Cs / 4 compare-exchanges; the IDCG is
-//     a function of the relevance alone, out of the pair loops);
-//  2. the rank pass over the unordered pairs (pair_pass): pi_j = 1 + sum_k sigma((s_k - s_j) / tau);
-//  3. per item f(pi), f'(pi): the DCG (a block sum), the loss, and a_j = g_j f'(pi_j) in `a`;
-//  4. with a gradient, the gradient pass over the unordered pairs:
+// direction's lists, at most kSmoothNdcgListBlocks blocks, each with its own scratch of four
+// arrays sized by the direction's list length). Per list, of C items (C = m for a row, n for a
+// column):
+//  1. setup (list_setup): the list's scores gathered into the scratch `y` (one strided pass over
+//     its row or column; -inf for a masked item and for the padding up to the power of two Cs,
+//     so that the pair passes test no mask), its relevance into `r` (from the matrix in the same
+//     pass, or from its lists: zeros, then the listed entries, an item listed twice taking the
+//     later entry as on the CPU), then one pass that counts the valid items, the items of
+//     nonzero gain (the "rows") and the poison, and compacts the rows in list order (their item,
+//     their gain) by a block-wide ballot scan;
+//  2. the list takes the dense pass or the sparse one (smooth_ndcg_takes_sparse, `paths`);
+//  dense (dense_list):
+//  3. the ideal DCG from the gains sorted in the scratch (ideal_dcg: a bitonic sort of Cs values,
+//     Cs log^2 Cs / 4 compare-exchanges; a function of the relevance alone, out of the pair loops);
+//  4. the rank pass over the unordered pairs (pair_pass): pi_j = 1 + sum_k sigma((s_k - s_j) / tau);
+//  5. per item f(pi), f'(pi): the DCG (a block sum), the loss, and a_j = g_j f'(pi_j) in `a`;
+//  6. with a gradient, the gradient pass over the unordered pairs:
 //     G_j = sum_k sigma'((s_k - s_j) / tau) (a_k - a_j), written to ws already scaled by the
 //     list's factor -1 / (tau IDCG): the backward only multiplies by the upstream weight
 //     (the smooth-rank engine's elementwise backward, smooth_rank.cuh; G_t2i stored
 //     transposed, (m, n), so that a column's writes are contiguous).
-// The unordered pairs: the list is cut into tiles of 32 items; every unordered pair of
+//  sparse (sparse_list): an item of gain 0 adds nothing to the DCG whatever its rank, and its
+//  a_j is 0, so only the np rows need a rank and an item meets only them in the gradient:
+//     G_m = sum_{rows k != m} sigma'((s_k - s_m) / tau) a_k - a_m S1_m,
+//     S1_m = sum_{k != m} sigma'((s_k - s_m) / tau)   (a row's; a_m = 0 for the others),
+//  the CPU's derivation (csrc/cpu/smooth_ndcg.cpp: subset_grad with u = a). The ideal DCG sorts
+//  the np nonzero gains only (a zero gain adds 0 wherever it stands). The rows go kRows at a
+//  time, their score and item in registers, against the list walked by the block's threads
+//  (thread t: items t, t + 256, ...): the rank pass sums each row's sigma and sigma' over the
+//  thread's items, then over the block (block_sums: warp butterflies, then the warps in order),
+//  and the row's weight a and its - a S1 follow at once; the gradient pass adds each item's
+//  terms of the group into its G (the scratch `r`, zeroed first). Self pairs are left out by an
+//  index test (a select a pair). Per list O(C ceil(np / kRows) kRows) pairs a pass, each with
+//  the dense pass's one exp and one reciprocal.
+// The dense pass's unordered pairs: the list is cut into tiles of 32 items; every unordered pair of
 // tiles (a, b) is one warp's 32 x 32 block of pairs, the diagonal tiles (a, a) their
 // 32 * 31 / 2 pairs. Lane l holds item j = 32 a + l in registers (its score and its sum),
 // the tile b's scores sit in the warp's shared buffer (twice, so that lane l reads item
@@ -38,17 +57,22 @@
 // tile out paired with a padding tile, a pair that is skipped), then the diagonal round: within a round no two
 // warps touch the same tile, so each adds its two 32-sums into the scratch sums without
 // atomics, in a fixed order; a block barrier ends each round.
-// Memory: per block of the grid a scratch of 3 (Cs + 32) accumulation-type values (y, acc,
-// a; L1/L2-resident), partials = Q list flags + that; ws = G per direction (n * m each),
+// Memory: per block of the grid a scratch of 4 (Cs + 32) accumulation-type values (dense: y, r,
+// acc, a; sparse: y, r then the sort buffer then G, the rows' items, their gains then weights;
+// L1/L2-resident), partials = Q list flags + that; ws = G per direction (n * m each),
 // idcg, qloss, counts (smooth_rank.h). Shared memory: 8 warps x 64 (score, a) pairs.
-// NaN (docs/spec.md §1): poison(s + r) of every item is added to the DCG and to a_j, so it
-// reaches the loss and every gradient entry of the list; a NaN gain makes the IDCG NaN.
+// The only atomics: an integer max per listed entry, which picks the later of two entries for
+// one item (bad input: the contract lists an item once).
+// NaN (docs/spec.md §1): poison(s + r) of every item is added to the DCG and to a_j (dense) or
+// to every G entry of the list (sparse), so it reaches the loss and every gradient entry of the
+// list; a NaN gain makes the IDCG NaN.
 #include <cuda_runtime.h>
 
 #include <limits>
 
 #include "fastrank/launch.h"
 #include "fastrank/smooth_ndcg.h"
+#include "graded_list.cuh"
 #include "smooth_rank.cuh"
 
 namespace fastrank {
@@ -60,9 +84,10 @@ int smooth_ndcg_backward(const SmoothNdcgBackward& p);
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kSmoothNdcgThreads;
 constexpr int kWarps = kThreads / 32;
 constexpr int kFinalThreads = 256;
+constexpr int kRows = kSmoothNdcgRows;  // sparse pass: the rows a block ranks at once (smooth_ndcg.h)
 
 using Layout = SmoothRankLayout;  // offsets into ws (smooth_rank.h)
 
@@ -71,55 +96,43 @@ template <typename A> __device__ __forceinline__ A exp2_cap();
 template <> __device__ __forceinline__ float exp2_cap<float>() { return 126.0f; }
 template <> __device__ __forceinline__ double exp2_cap<double>() { return 1000.0; }
 
-// One list of the call: item c of list q is element (q, c) of sim (a row) or (c, q) (a column).
-struct ListRef {
-  int64_t q, s_q, s_c, r_q, r_c, m_q, m_c, len, out_q, out_c;
-};
-
-// The scratch of one block: y (the scores), acc (the gains, then the sums), a (the weights).
+// The scratch of one block: four arrays of span + 32 values. Dense pass: y (the scores), r (the
+// relevance), acc (the gains, then the sums), a (the weights). Sparse pass: y, r (then the sort
+// buffer, then G), acc (the rows' items, as int), a (the rows' relevance, then their weights).
+// (One base pointer and a 32-bit stride: four pointers held over the pair passes cost registers.)
 template <typename A> struct Scratch {
-  A* y;
-  A* acc;
-  A* a;
+  A* base;
+  int stride;
+  __device__ __forceinline__ A* y() const { return base; }
+  __device__ __forceinline__ A* r() const { return base + stride; }
+  __device__ __forceinline__ A* acc() const { return base + 2 * stride; }
+  __device__ __forceinline__ A* a() const { return base + 3 * stride; }
+  __device__ __forceinline__ int* rows() const { return reinterpret_cast<int*>(acc()); }
 };
 
-// 1. The list's setup: y = the scores (-inf outside the list and in the padding), the ideal
-// DCG. Returns the IDCG (NaN when a valid gain is NaN); *nv = the list's valid items.
-template <typename T, typename R, typename A>
-__device__ A list_setup(const ListRef& L, const T* sim, const R* rel, const uint8_t* mask, int64_t cs,
-                        const Scratch<A>& w, A* red, A* nv) {  // cs: the list's span (a power of two)
-  const A ninf = -std::numeric_limits<A>::infinity();
-  A count = 0, nan_gain = 0;
-  for (int64_t c = threadIdx.x; c < cs + 32; c += kThreads) {
-    const bool ok = c < L.len && (mask == nullptr || mask[L.q * L.m_q + c * L.m_c] != 0);
-    const A g = ok ? ndcg_gain(load(rel[L.q * L.r_q + c * L.r_c])) : ninf;
-    w.y[c] = ok ? load(sim[L.q * L.s_q + c * L.s_c]) : ninf;
-    if (c < cs) w.acc[c] = g == g ? g : ninf;  // sorted below (a NaN gain is counted, not sorted)
-    count += ok ? A(1) : A(0);
-    nan_gain += g != g ? A(1) : A(0);
-  }
-  *nv = block_sum(count, red);
-  const A nans = block_sum(nan_gain, red);  // its barriers also end the gather
-  // bitonic sort of acc[0, cs) into descending order (cs a power of two)
-  for (int64_t k = 2; k <= cs; k <<= 1) {
+// The ideal DCG (Eq. 18-21) of the `count` gains in buf[0, span) (span a power of two, -inf after
+// them and for a NaN gain): a bitonic sort of buf into descending order (span log^2 span / 4
+// compare-exchanges), then sum_p buf[p] / log2(1 + p), p = 1 .. count; NaN when `nans` > 0.
+template <typename A>
+__device__ A ideal_dcg(A* buf, int64_t span, int64_t count, A nans, A* red) {
+  __syncthreads();  // buf is filled
+  for (int64_t k = 2; k <= span; k <<= 1) {
     for (int64_t j = k >> 1; j > 0; j >>= 1) {
-      for (int64_t i = threadIdx.x; i < cs; i += kThreads) {
+      for (int64_t i = threadIdx.x; i < span; i += kThreads) {
         const int64_t l = i ^ j;
         if (l > i) {
-          const A x = w.acc[i], z = w.acc[l];
+          const A x = buf[i], z = buf[l];
           if (((i & k) == 0) == (x < z)) {  // descending where (i & k) == 0
-            w.acc[i] = z;
-            w.acc[l] = x;
+            buf[i] = z;
+            buf[l] = x;
           }
         }
       }
       __syncthreads();
     }
   }
-  // IDCG = sum_p g_(p) / log2(1 + p), p = 1 .. nv (Eq. 18)
   A ideal = 0;
-  const int64_t n_valid = static_cast<int64_t>(*nv);
-  for (int64_t p = threadIdx.x; p < n_valid; p += kThreads) ideal += w.acc[p] * ndcg_discount(static_cast<A>(p + 1));
+  for (int64_t p = threadIdx.x; p < count; p += kThreads) ideal += buf[p] * ndcg_discount(static_cast<A>(p + 1));
   ideal = block_sum(ideal, red);
   return nans > A(0) ? std::numeric_limits<A>::quiet_NaN() : ideal;
 }
@@ -132,10 +145,10 @@ __device__ __forceinline__ void tile_pair(int ta, int tb, A c2, const Scratch<A>
   const int lane = threadIdx.x % 32;
   const int64_t j = int64_t(ta) * 32 + lane, k = int64_t(tb) * 32 + lane;
   const A cap = exp2_cap<A>();
-  const A yj = w.y[j];
-  const A aj = kGrad ? w.a[j] : A(0);
-  buf[lane][0] = buf[lane + 32][0] = w.y[k];
-  if (kGrad) buf[lane][1] = buf[lane + 32][1] = w.a[k];
+  const A yj = w.y()[j];
+  const A aj = kGrad ? w.a()[j] : A(0);
+  buf[lane][0] = buf[lane + 32][0] = w.y()[k];
+  if (kGrad) buf[lane][1] = buf[lane + 32][1] = w.a()[k];
   __syncwarp();
   const int next = (lane + 1) & 31;
   A sj = 0, sk = 0;
@@ -164,10 +177,10 @@ __device__ __forceinline__ void tile_pair(int ta, int tb, A c2, const Scratch<A>
   if (kDiag) sk = __shfl_sync(0xffffffffu, sk, (lane + 16) & 31);  // lane l now holds item l's k side
   __syncwarp();  // buf is restaged by the next pair
   if (kDiag) {
-    w.acc[j] += sj + sk;
+    w.acc()[j] += sj + sk;
   } else {
-    w.acc[j] += sj;
-    w.acc[k] += sk;
+    w.acc()[j] += sj;
+    w.acc()[k] += sk;
   }
 }
 
@@ -215,6 +228,84 @@ __device__ void pair_pass(int t, A c2, const Scratch<A>& w, A (*buf)[2]) {
   __syncthreads();
 }
 
+// The sparse pass over a list of `len` items whose np rows are in w.rows() (items) and w.a() (relevance)
+// (the header above): writes the rows' weights over their gains, and, with_grad, G (before the
+// list's factor) into w.r(); returns the DCG (poison not included). red: kThreads values of shared
+// memory.
+template <typename A>
+__device__ A sparse_list(int len, int np, A c2, bool with_grad, const Scratch<A>& w, A* red) {
+  const A ninf = -std::numeric_limits<A>::infinity();
+  const A cap = exp2_cap<A>();
+  const int* rows = w.rows();
+  A* G = w.r();
+  A* sums_out = red + kWarps * 2 * kRows;  // block_sums' result, apart from its warp sums
+  if (with_grad) {
+    for (int c = threadIdx.x; c < len; c += kThreads) G[c] = A(0);
+    __syncthreads();  // the rank pass writes the rows' - a S1 into G
+  }
+  // the rank pass: pi_j = 1 + sum_{k != j} sigma((s_k - s_j) / tau), S1_j likewise with sigma'
+  A dcg = 0;  // thread i < kRows: the DCG terms of rows i, kRows + i, ...
+  for (int c0 = 0; c0 < np; c0 += kRows) {
+    A yj[kRows], sums[2 * kRows];  // sums: kRows sigma sums, then kRows sigma' sums
+    int jx[kRows];
+    FASTRANK_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      jx[i] = c0 + i < np ? rows[c0 + i] : -1;  // padding: a row of score -inf, never read back
+      yj[i] = jx[i] >= 0 ? w.y()[jx[i]] : ninf;
+      sums[i] = sums[kRows + i] = A(0);
+    }
+    // pair loop: v2 sparse ranks
+    for (int k = threadIdx.x; k < len; k += kThreads) {
+      const A yk = w.y()[k];
+      FASTRANK_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const A e = exp2_approx(fmin((yj[i] - yk) * c2, cap));  // exp(-x), x = (s_k - s_j) / tau
+        const A r = k != jx[i] ? rcp_approx(A(1) + e) : A(0);  // sigma(x); the self pair left out
+        sums[i] += r;
+        sums[kRows + i] = fma(e * r, r, sums[kRows + i]);  // sigma'(x)
+      }
+    }
+    block_sums<kThreads>(sums, red, sums_out);
+    const int i = threadIdx.x;
+    if (i < kRows && c0 + i < np) {  // Eq. 17: the row's DCG term and its weight a = g f'(pi)
+      const A pi = A(1) + sums_out[i], g = ndcg_gain(w.a()[c0 + i]);
+      A f, fd;
+      ndcg_discounts(pi, log1p(pi), &f, &fd);
+      dcg += g * f;
+      w.a()[c0 + i] = g * fd;
+      if (with_grad) G[rows[c0 + i]] = -(g * fd) * sums_out[kRows + i];  // - a_m S1_m
+    }
+  }
+  __syncthreads();            // sums_out (in red) is read above: block_sum rewrites red
+  dcg = block_sum(dcg, red);  // its barriers also publish the weights
+  if (!with_grad) return dcg;
+  // the gradient pass: G_m += sum_{rows k != m} sigma'((s_k - s_m) / tau) a_k
+  for (int c0 = 0; c0 < np; c0 += kRows) {
+    A yk[kRows], ak[kRows];
+    int kx[kRows];
+    FASTRANK_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      kx[i] = c0 + i < np ? rows[c0 + i] : -1;
+      yk[i] = kx[i] >= 0 ? w.y()[kx[i]] : ninf;
+      ak[i] = kx[i] >= 0 ? w.a()[c0 + i] : A(0);
+    }
+    // pair loop: v2 sparse gradient
+    for (int m = threadIdx.x; m < len; m += kThreads) {  // each thread adds into its own items
+      const A ym = w.y()[m];
+      A g = 0;
+      FASTRANK_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const A e = exp2_approx(fmin((ym - yk[i]) * c2, cap));
+        const A r = rcp_approx(A(1) + e);
+        g = fma(e * r * r, m != kx[i] ? ak[i] : A(0), g);  // sigma'(x) a_k; the self pair left out
+      }
+      G[m] += g;
+    }
+  }
+  __syncthreads();  // G is read by other threads below
+  return dcg;
+}
+
 template <typename T, typename R>
 __global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 2))
 forward_lists(const SmoothNdcgForward p, int t2i, int64_t cs, acc_t<T> c2, acc_t<T> inv_tau,
@@ -222,63 +313,85 @@ forward_lists(const SmoothNdcgForward p, int t2i, int64_t cs, acc_t<T> c2, acc_t
   using A = acc_t<T>;
   __shared__ A buf[kWarps][64][2];
   __shared__ A red[kThreads];
+  __shared__ int warp_count[kWarps];
+  __shared__ A pois_list;  // the list's poison where the sparse pass adds it (not kept in registers over the passes)
   const T* sim = static_cast<const T*>(p.sim.data);
   const R* rel = static_cast<const R*>(p.rel.data);
   const uint8_t* mask = p.mask.data;
-  const int64_t n = p.lists.n, m = p.lists.m;
-  const Layout L = smooth_rank_layout(n, m, p.lists.direction);
-  const int64_t stride = cs + 32;
-  const Scratch<A> w{scratch + 3 * stride * blockIdx.x, scratch + 3 * stride * blockIdx.x + stride,
-                     scratch + 3 * stride * blockIdx.x + 2 * stride};
+  const Layout L = smooth_rank_layout(p.lists.n, p.lists.m, p.lists.direction);
+  const Scratch<A> w{scratch + 4 * (cs + 32) * blockIdx.x, static_cast<int>(cs + 32)};
   A (*wbuf)[2] = buf[threadIdx.x / 32];
+  const A ninf = -std::numeric_limits<A>::infinity();
   const int64_t q_end = t2i ? L.nq2 : L.nq1, q_off = t2i ? L.nq1 : 0;  // this launch's direction
   for (int64_t q = blockIdx.x; q < q_end; q += gridDim.x) {
     const int64_t qg = q_off + q;
-    const ListRef list = t2i ? ListRef{q, p.sim.s1, p.sim.s0, p.rel.s1, p.rel.s0, p.mask.s1, p.mask.s0, n, n, 1}
-                             : ListRef{q, p.sim.s0, p.sim.s1, p.rel.s0, p.rel.s1, p.mask.s0, p.mask.s1, m, m, 1};
-    auto valid = [&](int64_t c) { return c < list.len && (mask == nullptr || mask[q * list.m_q + c * list.m_c] != 0); };
+    const ListRef list = list_ref(p, t2i, q);
+    auto valid = [&](int64_t c) { return in_list(list, mask, c); };
     int64_t cl = 32;  // this list's span: its length rounded up to a power of two >= 32
     while (cl < list.len) cl <<= 1;
-    A nv;
-    const A ideal = list_setup<T, R, A>(list, sim, rel, mask, cl, w, red, &nv);
-    const int tiles = static_cast<int>((list.len + 31) / 32);
-    for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) w.acc[c] = A(0);
-    __syncthreads();
-    pair_pass<false>(tiles, c2, w, wbuf);
-    // 3. Eq. 17: DCG = sum_j g_j / log2(1 + pi_j); a_j = g_j * d/dpi [1 / log2(1 + pi)](pi_j)
-    A dcg = 0;
-    for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) {
-      A a = 0;
-      if (valid(c)) {
-        const A s = load(sim[q * list.s_q + c * list.s_c]), r = load(rel[q * list.r_q + c * list.r_c]);
-        const A g = ndcg_gain(r), pi = A(1) + w.acc[c], z = poison(s + r);
-        A f, fd;
-        ndcg_discounts(pi, log1p(pi), &f, &fd);
-        dcg += g * f + z;
-        a = g * fd + z;
+    // 1. setup (graded_list.cuh): y = the scores, -inf outside the list and in the padding up to
+    // cl + 32 (the pair passes test no mask); r = the relevance, 0 outside; the rows
+    const ListCounts<A> k = gather_list<kThreads, T, R, A>(list, sim, rel, t2i ? p.rel_t2i : p.rel_i2t, mask, cl + 32,
+                                                           ninf, A(0), w.y(), w.r(), w.rows(), w.a(), red, warp_count);
+    if (threadIdx.x == 0) flags[qg] = k.nv > A(0) ? A(1) : A(0);
+    const bool sparse = smooth_ndcg_takes_sparse(p.paths, k.np, list.len);
+    if (threadIdx.x == 0) pois_list = sparse ? k.pois : A(0);  // the sparse pass adds it at the end
+    A ideal, dcg;
+    if (sparse) {
+      int64_t span = 1;  // the nonzero gains, sorted in r (free now)
+      while (span < k.np) span <<= 1;
+      for (int64_t i = threadIdx.x; i < span; i += kThreads) {
+        const A g = i < k.np ? ndcg_gain(w.a()[i]) : ninf;
+        w.r()[i] = g == g ? g : ninf;  // a NaN gain is counted, not sorted
       }
-      w.a[c] = a;
+      ideal = ideal_dcg(w.r(), span, k.np, k.nans, red);
+      dcg = sparse_list(static_cast<int>(list.len), k.np, c2, p.with_grad, w, red) + pois_list;
+    } else {
+      for (int64_t c = threadIdx.x; c < cl; c += kThreads) {  // the gains, sorted in acc
+        const A g = valid(c) ? ndcg_gain(w.r()[c]) : ninf;
+        w.acc()[c] = g == g ? g : ninf;  // a NaN gain is counted, not sorted
+      }
+      ideal = ideal_dcg(w.acc(), cl, static_cast<int64_t>(k.nv), k.nans, red);
+      const int tiles = static_cast<int>((list.len + 31) / 32);
+      for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) w.acc()[c] = A(0);
+      __syncthreads();
+      pair_pass<false>(tiles, c2, w, wbuf);
+      // Eq. 17: DCG = sum_j g_j / log2(1 + pi_j); a_j = g_j * d/dpi [1 / log2(1 + pi)](pi_j)
+      dcg = 0;
+      for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) {
+        A a = 0;
+        if (valid(c)) {
+          const A s = w.y()[c], r = w.r()[c];
+          const A g = ndcg_gain(r), pi = A(1) + w.acc()[c], z = poison(s + r);
+          A f, fd;
+          ndcg_discounts(pi, log1p(pi), &f, &fd);
+          dcg += g * f + z;
+          a = g * fd + z;
+        }
+        w.a()[c] = a;
+      }
+      dcg = block_sum(dcg, red);  // its barriers also publish a
+      if (p.with_grad) {
+        for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) w.acc()[c] = A(0);
+        __syncthreads();
+        pair_pass<true>(tiles, c2, w, wbuf);
+      }
     }
-    dcg = block_sum(dcg, red);  // its barriers also publish a
     // Eq. 18, 20-21: loss = 1 - DCG / IDCG, 0 when IDCG <= 0 (still poisoned by a NaN)
     const A loss = (ideal > A(0) ? A(1) - dcg / ideal : A(0)) + poison(dcg);
     if (threadIdx.x == 0) {
       ws[L.idcg + qg] = ideal;
       ws[L.qloss + qg] = loss;
-      flags[qg] = nv > A(0) ? A(1) : A(0);
       if (p.lists.reduction == kNone) static_cast<A*>(p.out)[qg] = loss;
     }
     if (p.with_grad) {
-      for (int64_t c = threadIdx.x; c < cl + 32; c += kThreads) w.acc[c] = A(0);
-      __syncthreads();
-      pair_pass<true>(tiles, c2, w, wbuf);
-      // d loss / d s_j = -(1 / (tau IDCG)) G_j (0 for a constant loss, unless non-finite)
-      const A coef = -inv_tau / ideal;
+      // d loss / d s_j = -(1 / (tau IDCG)) G_j (0 for a constant loss, unless non-finite); the sparse
+      // pass adds the list's poison here (the dense one carried it in a)
+      const A coef = -inv_tau / ideal, pois = pois_list;
+      const A* sum = sparse ? w.r() : w.acc();
       A* G = ws + (t2i ? L.a2 : L.a1) + q * list.len;  // row q of G_i2t, or of G_t2i^T
-      for (int64_t c = threadIdx.x; c < list.len; c += kThreads) {
-        const A sum = w.acc[c];
-        G[c] = valid(c) ? (ideal > A(0) ? coef * sum : poison(sum)) : A(0);
-      }
+      for (int64_t c = threadIdx.x; c < list.len; c += kThreads)
+        G[c] = valid(c) ? (ideal > A(0) ? coef * sum[c] : poison(sum[c])) + pois : A(0);
     }
     __syncthreads();  // the next list reuses the scratch
   }
@@ -329,7 +442,8 @@ int launch_forward(const SmoothNdcgForward& p, Graded<T, R>) {
 }  // namespace
 
 int smooth_ndcg_forward(const SmoothNdcgForward& p) {
-  if (kernel_version() == 1) return v1::smooth_ndcg_forward(p);
+  if (kernel_version() == 1)  // version 1 reads the relevance matrix only (smooth_ndcg.h)
+    return p.rel_i2t.offsets != nullptr ? static_cast<int>(cudaErrorNotSupported) : v1::smooth_ndcg_forward(p);
   return dispatch_graded(p.lists.dt, p.rel_dt, [&](auto types) { return launch_forward(p, types); });
 }
 

@@ -37,18 +37,21 @@ namespace fastrank {
 inline int64_t kendall_aux_numel(int64_t n, int64_t m, int direction) { return 2 * query_count(n, m, direction) + 2; }
 
 // The forward's and the backward's parameters (the CPU takes relevance in sim's dtype only;
-// CUDA adds the stream).
-// The relevance is the matrix `rel` or, when rel_i2t.offsets is set (CPU), the lists rel_i2t
-// (the n rows) and rel_t2i (the m columns) in rel_dt (docs/spec.md §2.1b). The pair pass
-// visits only the pairs whose relevance differs by more than alpha: with alpha >= 0 a pair
-// of two zero-relevance items is never one, so a list with k nonzero items costs O(C * k)
-// after its O(C) sort by relevance, whatever the form of the relevance.
+// CUDA adds a scratch and the stream).
+// The relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n
+// rows) and rel_t2i (the m columns) in rel_dt (docs/spec.md §2.1b). Only the pairs whose
+// relevance differs by more than alpha count: with alpha >= 0 a pair of two zero-relevance
+// items never does, so a list with k nonzero items costs O(C * k), whatever the form of the
+// relevance. The CPU sorts each list by relevance and visits the active pairs only (one pass,
+// `paths` ignored); CUDA walks every pair of the list (dense) or its k nonzero items against
+// every item (sparse), the cheaper (kendall_takes_sparse) unless `paths` forces one.
 struct KendallForward {
   Lists lists;
   DType rel_dt;
   MatIn sim, rel;
   MaskIn mask;
   ListsIn rel_i2t, rel_t2i;
+  int paths;
   double alpha;
   void* loss;
   void* dsim;
@@ -99,9 +102,47 @@ void kendall_backward(const KendallBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-using KendallForward = OnStream<::fastrank::KendallForward>;
+// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t. `partials`: the
+// forward's scratch, kendall_partials_numel accumulation-type elements (kendall.cu: each block's
+// gathered list, the row of its relevance, its nonzero items and their gradient sums).
+struct KendallForward : ::fastrank::KendallForward {
+  void* partials;
+  void* stream;
+};
 using KendallBackward = OnStream<::fastrank::KendallBackward>;
+constexpr int64_t kKendallBlocks = 1024;  // the most blocks of the forward (grid-strided over the lists)
+constexpr int kKendallRows = 4;           // sparse walk: the nonzero items a block takes at once
+constexpr int kKendallThreads = 256;      // the forward's block
+// The forward's blocks: one a list, at most kKendallBlocks.
+inline int64_t kendall_blocks(int64_t n, int64_t m, int direction) {
+  const int64_t q = query_count(n, m, direction);
+  return q < kKendallBlocks ? (q > 0 ? q : 1) : kKendallBlocks;
+}
+// The forward's scratch: 4 (C + 32) values for each block that takes a list of C items, the
+// blocks that take a row (i2t, C = m) first, then those that take a column (t2i, C = n), so
+// that many short lists in one direction and a few long ones in the other do not size every
+// block by the longest. List qg's scratch, at kendall_scratch_at, is its block's (block b
+// takes the lists qg = b (mod blocks)): no two blocks share one.
+FR_HD int64_t kendall_slots(int64_t lists, int64_t blocks) { return lists < blocks ? lists : blocks; }
+FR_HD int64_t kendall_scratch_at(int64_t n, int64_t m, int direction, int64_t blocks, int64_t qg) {
+  const int64_t n_i2t = (direction & kI2T) ? n : 0;
+  if (qg < n_i2t) return (qg % blocks) * 4 * (m + 32);
+  return kendall_slots(n_i2t, blocks) * 4 * (m + 32) + ((qg - n_i2t) % blocks) * 4 * (n + 32);
+}
+inline int64_t kendall_partials_numel(int64_t n, int64_t m, int direction) {
+  const int64_t b = kendall_blocks(n, m, direction);
+  const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
+  return kendall_slots(n_i2t, b) * 4 * (m + 32) + kendall_slots(n_t2i, b) * 4 * (n + 32);
+}
+// Whether a list of `len` items, `np` of them of nonzero relevance, takes the sparse walk: its
+// visits (a nonzero item and any item: about twice the work of the dense walk's, which sees an
+// ordered pair from one end) kKendallRows ceil(np / kKendallRows) x 256 ceil(len / 256), against
+// the dense walk's len x 256 ceil(len / 256).
+FR_HD bool kendall_takes_sparse(int paths, int64_t np, int64_t len) {
+  if (paths != kAutoPath) return paths == kSparsePath;
+  const int64_t r = kKendallRows;
+  return 2 * r * ((np + r - 1) / r) < len;
+}
 int kendall_forward(const KendallForward& p);
 int kendall_backward(const KendallBackward& p);
 

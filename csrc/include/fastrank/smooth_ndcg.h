@@ -88,17 +88,25 @@ namespace cuda {
 //    passes (with_grad; the rank pass alone without) and leaves w_d = G_d complete but for
 //    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.h); the
 //    backward is the smooth-rank engine's elementwise one. `partials`: the list flags (Q),
-//    then a scratch of 3 (span + 32) values for each block of a direction's launch;
+//    then a scratch of 4 (span + 32) values for each block of a direction's launch. The
+//    relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n
+//    rows) and rel_t2i (the m columns), values in rel_dt (docs/spec.md §2.1b): the (n, m)
+//    matrix is never made. Each list takes the dense pass (every pair) or the sparse one (its
+//    items of nonzero gain against every item, O(C k)), the cheaper (smooth_ndcg_takes_sparse)
+//    unless `paths` forces one (kDensePath, kSparsePath);
 //  - version 1 (smooth_ndcg_v1.cu): thread-per-element tiles; the forward writes a, the
-//    backward runs the pair pass over sim; `partials`: per-tile partial sums.
+//    backward runs the pair pass over sim; `partials`: per-tile partial sums. It reads the
+//    relevance matrix only (given lists it returns cudaErrorNotSupported) and the dense pass.
 // `partials` has smooth_ndcg_partials_numel accumulation-type elements (the larger need of
 // the two), freed after the forward. `stream`: a cudaStream_t. The entry points return a
 // cudaError_t as int (0 = success).
 struct SmoothNdcgForward {
   Lists lists;
-  DType rel_dt;  // sim's storage type or its accumulation type
+  DType rel_dt;  // sim's storage type or its accumulation type (the matrix's or the lists' values)
   MatIn sim, rel;
   MaskIn mask;
+  ListsIn rel_i2t, rel_t2i;
+  int paths;
   double tau;
   bool with_grad;  // version 2: run the gradient pass (version 1 ignores it)
   void* out;
@@ -118,19 +126,31 @@ struct SmoothNdcgBackward {
 };
 constexpr int kSmoothNdcgTile = 16;  // version 1: element tile edge (smooth_ndcg_v1.cu)
 constexpr int64_t kSmoothNdcgListBlocks = 1024;  // version 2: the most blocks of a direction's launch
+constexpr int kSmoothNdcgRows = 4;   // version 2, sparse pass: the nonzero-gain items a block ranks at once
+constexpr int kSmoothNdcgThreads = 256;  // version 2: a block's threads
 // version 2: a list's scratch span, its length rounded up to a power of two >= 32
-inline int64_t smooth_ndcg_list_span(int64_t len) {
+FR_HD int64_t smooth_ndcg_list_span(int64_t len) {
   int64_t s = 32;
   while (s < len) s <<= 1;
   return s;
+}
+// version 2: whether a list of `len` items, `np` of them of nonzero gain, takes the sparse pass.
+// The pair evaluations of a pass (each one exp and one reciprocal, ~12 instructions, either
+// way): dense, 32 x 32 tile pairs and 16 steps of each diagonal tile, 512 T^2 for T tiles of
+// 32; sparse, the rows in groups of kSmoothNdcgRows, each group against the list walked by the
+// block's threads, kSmoothNdcgRows ceil(np / kSmoothNdcgRows) x 256 ceil(len / 256).
+FR_HD bool smooth_ndcg_takes_sparse(int paths, int64_t np, int64_t len) {
+  if (paths != kAutoPath) return paths == kSparsePath;
+  const int64_t t = (len + 31) / 32, r = kSmoothNdcgRows, b = kSmoothNdcgThreads;
+  return r * ((np + r - 1) / r) * b * ((len + b - 1) / b) < 512 * t * t;
 }
 // version 2: the blocks of one direction's launch over `lists` lists, one list at a time each
 inline int64_t smooth_ndcg_list_blocks(int64_t lists) {
   return lists < kSmoothNdcgListBlocks ? lists : kSmoothNdcgListBlocks;
 }
-// version 2: the scratch of one direction's launch (3 (span + 32) values a block), lists of `len`
+// version 2: the scratch of one direction's launch (4 (span + 32) values a block), lists of `len`
 inline int64_t smooth_ndcg_list_scratch(int64_t lists, int64_t len) {
-  return smooth_ndcg_list_blocks(lists) * 3 * (smooth_ndcg_list_span(len) + 32);
+  return smooth_ndcg_list_blocks(lists) * 4 * (smooth_ndcg_list_span(len) + 32);
 }
 // version 1: 3 values per query per tile of its list, 3 * (n * ceil(m / 16) if i2t + m * ceil(n / 16)
 // if t2i); version 2: Q list flags + the larger direction's scratch (the two launches reuse it);

@@ -99,6 +99,21 @@ def lists_args(lists, dtype: torch.dtype):
             lists[3].data_ptr(), lists[4].data_ptr(), values[1].data_ptr()), values
 
 
+def relevance_args(sim: torch.Tensor, relevance, lists):
+    """A graded loss's relevance as its kernels read it (sim in its kernel dtype): (the dtype
+    code, the matrix's (pointer, s0, s1), the two ListsIn, what to keep alive for the call), from
+    the (N, M) matrix ``relevance`` or, when it is None, from ``lists`` (:func:`relevance_lists`),
+    which no backend turns into a matrix. The values are in sim's dtype or the accumulation
+    dtype (:func:`kernel_relevance`; on the CPU the two are the same)."""
+    if relevance is None:
+        acc = acc_dtype(sim.dtype)
+        dtype = lists[2].dtype if lists[2].dtype in (sim.dtype, acc) else acc
+        ptrs, held = lists_args(lists, dtype)
+        return DTYPE_CODE[dtype], (0, 0, 0), ptrs, held
+    r = kernel_relevance(sim, relevance)
+    return DTYPE_CODE[r.dtype], mat(r), NO_LISTS, r
+
+
 def relevance_lists(relevance, direction: str) -> list:
     """A :class:`fastrank.TopKRelevance` as an op takes it: the rows' and the columns'
     (offsets, index, values) in turn (``TopKRelevance.row_lists``, ``column_lists``); a
@@ -109,7 +124,8 @@ def relevance_lists(relevance, direction: str) -> list:
 
 
 def dense_from_lists(lists, n: int, m: int) -> torch.Tensor:
-    """The (n, m) relevance matrix of an op's lists (for kernels that read the matrix)."""
+    """The (n, m) relevance matrix of an op's lists, for the one kernel that reads the matrix
+    only (smooth-NDCG's CUDA version 1, FASTRANK_CUDA_KERNELS=v1)."""
     from ..topk import TopKRelevance
     index, values = lists[1], lists[2]
     k = index.numel() // max(n, 1)
@@ -126,4 +142,4 @@ def mask_args(mask):
 
 
 __all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "module_for", "mask_args",
-           "lists_args", "relevance_lists", "dense_from_lists", "NO_LISTS", "DIRECTION_CODE", "REDUCTION_CODE"]
+           "lists_args", "relevance_args", "relevance_lists", "dense_from_lists", "NO_LISTS", "DIRECTION_CODE", "REDUCTION_CODE"]

@@ -19,12 +19,12 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, has_native
+from .._native import has_native, pair_path_code
 from ..reference.kendall import kendall_reference
 from ._floor import pair_count, rw_bytes
 from ..topk import TopKRelevance
-from ._launch import (DIRECTION_CODE, NO_LISTS, REDUCTION_CODE, acc_dtype, call, cuda_kernels, dense_from_lists,
-                      kernel_relevance, lists_args, mask_args, mat, relevance_lists)
+from ._launch import (DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, cuda_kernels, mask_args, mat, module_for,
+                      relevance_args, relevance_lists)
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import Backward, NativeOp
@@ -50,20 +50,16 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     N, M), aux), see kendall.h."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    rel_lists = NO_LISTS
-    if relevance is None:   # lists: the CPU kernel reads them (CUDA: the matrix, for now)
-        if cuda_kernels(sim):
-            relevance = dense_from_lists(lists, n, m)
-        else:
-            rel_lists, _held = lists_args(lists, sim.dtype)
-    relevance = kernel_relevance(sim, relevance) if relevance is not None else None
+    rel_dt, rel, rel_lists, _held = relevance_args(sim, relevance, lists)  # lists: never an (n, m) matrix
     n_total = _n_total(n, m, direction)
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
     aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
-    call("kendall_forward", sim, n, m, direction, reduction, DTYPE_CODE[sim.dtype if relevance is None else relevance.dtype],
-         *mat(sim), *(mat(relevance) if relevance is not None else (0, 0, 0)), *mask_args(mask), *rel_lists, alpha,
-         loss.data_ptr(), dsim.data_ptr(), aux.data_ptr())
+    # CUDA: the forward's scratch (kendall.h: each block's gathered list)
+    part = (sim.new_empty((module_for(sim).kendall_partials_numel(n, m, direction),), dtype=acc),) \
+        if cuda_kernels(sim) else ()
+    call("kendall_forward", sim, n, m, direction, reduction, rel_dt, *mat(sim), *rel, *mask_args(mask), *rel_lists,
+         pair_path_code(), alpha, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr(), *(x.data_ptr() for x in part))
     return loss, dsim, aux
 
 

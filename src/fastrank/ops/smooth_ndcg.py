@@ -16,15 +16,15 @@ from typing import List, Optional, Union
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, acc_dtype, has_native, pair_path_code
+from .._native import acc_dtype, has_native, pair_path_code
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from ..topk import TopKRelevance
 from . import _smooth_rank
 from . import _contract as C
 from ._floor import PASSES, pair_count, rw_bytes
-from ._launch import (DIRECTION_CODE, NO_LISTS, REDUCTION_CODE, call, cuda_kernels, dense_from_lists, kernel_input,
-                      lists_args, mask_args, mat, module_for, relevance_lists)
+from ._launch import (DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, dense_from_lists, kernel_input, mask_args,
+                      mat, module_for, relevance_args, relevance_lists)
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
@@ -39,29 +39,24 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     the kernels read them: offsets, index and values of each, ``_lists``)."""
     s = kernel_input(sim)
     acc = acc_dtype(s.dtype)
-    cuda = cuda_kernels(s)
-    # CPU kernels read relevance in sim's kernel dtype (float32/float64 = the accumulation
-    # type); CUDA kernels in sim's dtype or the accumulation type, never rounded to half
-    keep = (s.dtype, acc) if cuda else (s.dtype,)
     n, m = s.shape
-    rel_lists = NO_LISTS
-    if relevance is None:   # lists: the CPU kernels read them (CUDA: the matrix, for now)
-        if cuda:
-            relevance = dense_from_lists(lists, n, m)
-        else:
-            rel_lists, _held = lists_args(lists, s.dtype)
-    r = None if relevance is None else relevance if relevance.dtype in keep else relevance.to(acc)
+    cuda = cuda_kernels(s)
+    if relevance is None and cuda and module_for(s).kernel_version() == 1:
+        relevance = dense_from_lists(lists, n, m)  # CUDA version 1 reads the matrix only (smooth_ndcg.h)
+    # relevance in sim's dtype or the accumulation type (never rounded to half precision); lists
+    # are read as they are by the CPU kernels and CUDA version 2: the (n, m) matrix is never made
+    rel_dt, rel, rel_lists, _held = relevance_args(s, relevance, lists)
     q, ws_numel = _sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
     # the fields of the backend's SmoothNdcgForward (smooth_ndcg.h), in order
     if cuda:
         part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc)
-        call("smooth_ndcg_forward", s, n, m, direction, reduction, DTYPE_CODE[r.dtype], *mat(s), *mat(r),
-             *mask_args(mask), tau, int(with_grad), out.data_ptr(), ws.data_ptr(), part.data_ptr())
+        call("smooth_ndcg_forward", s, n, m, direction, reduction, rel_dt, *mat(s), *rel, *mask_args(mask),
+             *rel_lists, pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr(), part.data_ptr())
     else:
-        call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *(mat(r) if r is not None else (0, 0, 0)),
-             *mask_args(mask), *rel_lists, pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr())
+        call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *rel, *mask_args(mask), *rel_lists,
+             pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr())
     return out, ws
 
 
