@@ -61,6 +61,9 @@ BUDGETS: Dict[Tuple[str, str], Tuple[float, float]] = {
     ("smooth_ndcg.cu", "v2 ranks, diagonal tiles"): (16, 2),
     ("smooth_ndcg.cu", "v2 gradient, tile pairs"): (16, 2),
     ("smooth_ndcg.cu", "v2 gradient, diagonal tiles"): (16, 2),
+    # the sparse pass: a nonzero-gain item against an item, the dense pass's one exp and one reciprocal
+    ("smooth_ndcg.cu", "v2 sparse ranks"): (16, 2),
+    ("smooth_ndcg.cu", "v2 sparse gradient"): (16, 2),
     ("smooth_ndcg_v1.cu", "v1 forward ranks"): (26, 2),
     ("smooth_ndcg_v1.cu", "v1 backward sums"): (23, 2),
     ("smooth_rank.cuh", "engine ranks"): (60, 2),   # v1 and v2 forwards share it (rank_positive)

@@ -33,8 +33,8 @@
 // has sim's dtype) in the input dtype: half / bf16 without a converted copy.
 // Memory: dsim (n_dir, n, m) in the accumulation type (saved for the backward), aux
 // (2 n_total + 2), the scratch (4 (C + 32) values a block, kendall.h), 3 * kChunk accumulation-type
-// values + block-sum scratch of shared memory. Registers: 64 (4 blocks of 256 threads an SM for
-// the float types; at 5 blocks' 48, sm_90 spilled the list's state). No (n, m, m) tensor, no floating-point atomics:
+// values + block-sum scratch of shared memory. Registers: 64 for the float types (4 blocks of 256
+// threads an SM; at 5 blocks' 48, sm_90 spilled the list's state), 2 blocks for double. No (n, m, m) tensor, no floating-point atomics:
 // bit-identical run to run.
 // Backward: grad[e] = sum_d w_d * dsim[d, e], one thread per element (grid-stride),
 // grad_output and coef read from device memory; written in sim's dtype.
@@ -144,7 +144,7 @@ __device__ void sparse_walk(const A* s, const A* r, const int* rows, int len, in
 }
 
 template <typename T, typename R>
-__global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 3))
+__global__ void __launch_bounds__(kThreads, min_blocks<T>(4, 2))
 kendall_kernel(const KendallForward p, int64_t n_i2t, int64_t n_total, acc_t<T> alpha,
                acc_t<T>* __restrict__ loss_none) {
   using A = acc_t<T>;
