@@ -279,7 +279,7 @@ MUTATIONS = {
                         "        tile_pair<false, false>(ta, tb, c2, w, buf);\n      }\n    }",
                         "test_smooth_ndcg.py", "values_and_gradients"),
     # an off-by-one bound: one candidate past the staged chunk
-    "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < len; ++t) {", "for (int t = 0; t <= len; ++t) {",
+    "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < cn; ++t) {", "for (int t = 0; t <= cn; ++t) {",
                          "test_kendall.py", "values_and_gradients"),
     # a wrong shuffle offset: warp sums (fast_rerank's row sums, the positives' ranks) stop at
     # half warps
@@ -288,7 +288,7 @@ MUTATIONS = {
                              "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                              "test_fast_rerank.py", "values_and_gradients"),
     # a wrong stride: the t2i lists read sim through the i2t strides
-    "wrong stride": ("cuda/smooth_ndcg.cu",
+    "wrong stride": ("cuda/graded_list.cuh",
                      "ListRef{q, p.sim.s1, p.sim.s0, p.rel.s1",
                      "ListRef{q, p.sim.s0, p.sim.s1, p.rel.s1",
                      "test_smooth_ndcg.py", "values_and_gradients"),
