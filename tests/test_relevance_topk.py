@@ -1,15 +1,14 @@
-"""fastrank.relevance's top-k relevance (docs/spec.md §4): relevance_topk, BatchRelevance.topk and
-teacher_relevance_topk give each query's k best entries of the dense relevance (relevance_matrix,
-BatchRelevance, teacher_relevance) as a fastrank.TopKRelevance, the ground truth kept, ties to
-the lower column, computed in blocks of queries that never hold the (n, m) matrix."""
+"""fastrank.relevance's top-k relevance (docs/spec.md §4): relevance_topk and BatchRelevance.topk
+give each query's k best entries of the dense relevance (relevance_matrix, BatchRelevance) as a
+fastrank.TopKRelevance, the ground truth kept, ties to the lower column, computed in blocks of
+queries that never hold the (n, m) matrix (teacher_relevance_topk: tests/test_relevance_teacher.py)."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _largest_tensor import LargestTensor
 
 import fastrank
 import fastrank.relevance as R
-from fastrank.relevance import (BatchRelevance, relevance_matrix, relevance_topk, teacher_relevance,
-                                teacher_relevance_topk)
+from fastrank.relevance import BatchRelevance, relevance_matrix, relevance_topk
 
 
 def emb(n, d=6, seed=0, dtype=torch.float64):
@@ -22,21 +21,6 @@ def assert_same_entries(got: fastrank.TopKRelevance, want: fastrank.TopKRelevanc
     assert got.shape == want.shape and got.indices.dtype == torch.int64
     assert torch.equal(got.indices, want.indices)
     torch.testing.assert_close(got.values, want.values, rtol=0, atol=atol)
-
-
-class Largest(TorchDispatchMode):
-    """Records the largest tensor any op produces while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 # ---------------------------------------------------------------- relevance_topk
@@ -103,13 +87,13 @@ def test_blocks_never_hold_the_matrix():
     a block of the (rows x captions_per_image x M) product; relevance_matrix makes the (n, m)."""
     e = emb(300, seed=5, dtype=torch.float32)
     idx = torch.arange(300).view(60, 5)
-    with Largest() as dense:
+    with LargestTensor() as dense:
         relevance_matrix(e[:64], e[:64])
     assert dense.numel >= 64 * 64
-    with Largest() as pairs:
+    with LargestTensor() as pairs:
         relevance_topk(e[:64], e[:64], 4, block_size=8)
     assert pairs.numel <= 8 * 64
-    with Largest() as index:
+    with LargestTensor() as index:
         got = relevance_topk(e, e, 8, idx, block_size=4)
     assert index.numel <= 4 * 5 * 300 < 60 * 300
     assert_same_entries(got, fastrank.TopKRelevance.from_dense(relevance_matrix(e, e, idx), 8), atol=1e-6)
@@ -157,46 +141,6 @@ def test_batch_topk_pairs_mode():
     assert got.indices[0].tolist() == [0, 2, 3] and got.indices[1].tolist() == [1, -1, -1]
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
         br.topk(None, cap, 0)
-
-
-# ---------------------------------------------------------------- teacher_relevance_topk
-class Table:
-    """A stand-in teacher: a fixed vector per text, and the calls it got."""
-
-    def __init__(self, vectors):
-        self.vectors, self.calls = vectors, []
-
-    def encode(self, texts):
-        self.calls.append(list(texts))
-        return torch.stack([self.vectors[t] for t in texts])
-
-
-def test_teacher_topk_is_the_teacher_matrix_top_k():
-    g = torch.Generator().manual_seed(9)
-    texts = [f"t{i}" for i in range(70)]
-    teacher = Table({t: torch.randn(4, generator=g) for t in texts})
-    queries, documents = texts[:23], texts[23:]
-    dense = teacher_relevance(teacher, queries, documents)
-    for k, block_size in ((1, None), (4, 5), (47, 1), (50, 23)):
-        teacher.calls.clear()
-        got = teacher_relevance_topk(teacher, queries, documents, k, block_size=block_size)
-        assert teacher.calls == [queries + documents]            # encoded once, queries first
-        assert got.shape == (23, 47) and got.values.dtype == torch.float32
-        assert_same_entries(got, fastrank.TopKRelevance.from_dense(dense, k), atol=1e-6)
-    with Largest() as seen:
-        teacher_relevance_topk(teacher, queries, documents, 3, block_size=2)
-    assert seen.numel <= max(70 * 4, 2 * 47) < 23 * 47        # the embeddings, or a block of 2 queries
-
-
-def test_teacher_topk_bad_input():
-    teacher = Table({"a": torch.ones(3), "b": torch.ones(3)})
-    with pytest.raises(ValueError, match="k must be an integer >= 1"):
-        teacher_relevance_topk(teacher, ["a"], ["b"], 0)
-    with pytest.raises(TypeError, match="teacher must be"):
-        teacher_relevance_topk(object(), ["a"], ["b"], 1)
-    with pytest.raises(ValueError, match="documents must not be empty"):
-        teacher_relevance_topk(teacher, ["a"], [], 1)
-    assert teacher.calls == []
 
 
 # ---------------------------------------------------------------- the selection itself

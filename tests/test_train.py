@@ -174,16 +174,22 @@ def test_one_epoch_smoke(tmp_path):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+def step_by_hand(tr):
+    """A batch of the trainer's training split by hand: (caption ids, their images, the model's
+    output, the positives: pairs sharing an image)."""
+    g = torch.tensor([0, 1, 5, 6, 7, 12, 13, 20])        # captions 0,1 share image 0; 5,6,7 image 1
+    img_index = tr.train_ds.caption_to_image[g]
+    batch = fastrank.data.collate([tr.train_ds[int(i)] for i in g], tr.vocab)
+    out = tr.model(batch.images, batch.captions, batch.image_lengths, batch.caption_lengths)
+    return g, img_index, out, img_index[:, None] == img_index[None, :]
+
+
 def test_train_step_loss_is_combined_loss_with_batch_positives(tmp_path):
     """One step by hand: the trainer's LocalLoss terms equal CombinedLoss(sim, relevance,
     positives) on the batch, positives = pairs sharing an image."""
     cfg = tiny_config(tmp_path, **{"loss.spec": "triplet:1.0,ladder:0.5"})
     tr = Trainer(cfg)
-    g = torch.tensor([0, 1, 5, 6, 7, 12, 13, 20])        # captions 0,1 share image 0; 5,6,7 image 1
-    img_index = tr.train_ds.caption_to_image[g]
-    batch = fastrank.data.collate([tr.train_ds[int(i)] for i in g], tr.vocab)
-    out = tr.model(batch.images, batch.captions, batch.image_lengths, batch.caption_lengths)
-    pos = img_index[:, None] == img_index[None, :]
+    g, img_index, out, pos = step_by_hand(tr)
     rel = tr.train_rel.matrix(img_index, g)
     assert torch.equal(rel[pos], torch.ones(int(pos.sum())))
     total = sum(w * l(out.img_emb, out.txt_emb, relevance=rel, positives=pos) for l, w in tr.loss_fn.values())
@@ -199,11 +205,7 @@ def test_topk_relevance_step_is_combined_loss_of_the_truncated_matrix(tmp_path):
     step's loss is CombinedLoss on that truncated matrix, not on the dense relevance."""
     spec = "smooth_ndcg:1.0,kendall:0.5,ladder:0.5"
     tr = Trainer(tiny_config(tmp_path, **{"loss.spec": spec, "relevance.topk": 2}))
-    g = torch.tensor([0, 1, 5, 6, 7, 12, 13, 20])        # captions 0,1 share image 0; 5,6,7 image 1
-    img_index = tr.train_ds.caption_to_image[g]
-    batch = fastrank.data.collate([tr.train_ds[int(i)] for i in g], tr.vocab)
-    out = tr.model(batch.images, batch.captions, batch.image_lengths, batch.caption_lengths)
-    pos = img_index[:, None] == img_index[None, :]
+    g, img_index, out, pos = step_by_hand(tr)
     dense = tr.train_rel.matrix(img_index, g)
     top = tr.train_rel.topk(img_index, g, 2)
     assert isinstance(top, fastrank.TopKRelevance) and top.k == 5           # max(K, captions per image)
