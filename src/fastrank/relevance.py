@@ -321,12 +321,15 @@ def _largest(key: Tensor, w: int) -> Tuple[Tensor, Tensor]:
     """(values, columns) (b, w) of each row's w largest entries of ``key`` (b, m), w <= m,
     in descending order, ties to the lower column (the order of ``TopKRelevance.from_dense``'s
     stable sort), in O(b * m) work: the w-th largest value, every entry above it, and the
-    lowest columns of the entries equal to it."""
+    lowest columns of the entries equal to it. No host read (no CUDA synchronisation)."""
+    m = key.shape[1]
     kth = torch.topk(key, w, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
     above = key > kth
     tied = key == kth
-    take = above | (tied & (tied.cumsum(dim=1) <= w - above.sum(dim=1, keepdim=True)))
-    cols = take.nonzero()[:, 1].view(key.shape[0], w)        # w a row, columns ascending
+    take = above | (tied & (tied.cumsum(dim=1, dtype=torch.int32) <= w - above.sum(dim=1, keepdim=True)))
+    # exactly w taken a row: their columns, ascending, are the w largest of m - column where taken
+    lower_first = torch.arange(m, 0, -1, device=key.device, dtype=torch.int32)
+    cols = torch.topk(torch.where(take, lower_first, 0), w, dim=1).indices
     vals = key.gather(1, cols)
     order = torch.sort(vals, dim=1, descending=True, stable=True).indices
     return vals.gather(1, order), cols.gather(1, order)
