@@ -163,3 +163,18 @@ def test_columns_of_slices_the_matrix():
         part = top.columns_of(a, b)
         assert part.shape == (6, b - a)
         assert torch.equal(part.to_dense(), top.to_dense()[:, a:b])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_topk_equals_cpu():
+    """On the embeddings' device, the same entries as on the CPU (CUDA ids with a CPU index too)."""
+    e = emb(60, seed=11, dtype=torch.float32)
+    idx = torch.arange(60).view(12, 5)
+    want = relevance_topk(e, e, 7, idx)
+    got = relevance_topk(e.cuda(), e.cuda(), 7, idx, block_size=5)
+    assert got.device.type == "cuda"
+    assert_same_entries(got.to("cpu"), want, atol=1e-5)
+    img, cap = torch.tensor([0, 3, 3, 5]), torch.tensor([2, 15, 17, 29])
+    br = BatchRelevance(e, idx)
+    assert_same_entries(BatchRelevance(e, idx, device="cuda").topk(img.cuda(), cap, 5).to("cpu"),
+                        br.topk(img, cap, 5), atol=1e-5)
