@@ -3,7 +3,7 @@ are linked"; docs/developing.md, "Source distribution and wheels"), read with ob
 imported modules:
 
 - no libstdc++ (the C++ runtime is linked in): no GLIBCXX_ or CXXABI_ version, no
-  libstdc++.so.6;
+  libstdc++.so.6; no run path (a folder of the machine that built it);
 - every symbol a module needs from another library is versioned (but the Python C API's and
   weak ones): a glibc function bound without a version would load on an older glibc that lacks
   it and fail only when called (a data symbol: at load);
@@ -106,6 +106,12 @@ def test_module_needs_no_cxx_runtime(mod):
     assert not [lib for lib in libs if lib.startswith("libstdc++")], libs
     newer = [v for vs in libs.values() for v in vs if v.startswith(("GLIBCXX_", "CXXABI_"))]
     assert not newer, newer
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=[m.name.split(".")[0] for m in MODULES])
+def test_module_has_no_run_path(mod):
+    # a run path would name a folder of the machine that built it (a build directory)
+    assert not re.findall(r"^\s*(?:RPATH|RUNPATH)\s+(\S+)", objdump("-p", mod), re.M)
 
 
 @pytest.mark.parametrize("mod", MODULES, ids=[m.name.split(".")[0] for m in MODULES])
