@@ -185,8 +185,8 @@ def run(args, device, save):
     if before:
         info = before_tree_info(before)
         report["before"] = info
-        report["method"].append(f"'<level> before': the fastrank in {info['path']} ({info['commit']}), built in place, "
-                                "timed in the same rounds; before / after > 1: this checkout is faster")
+        report["method"].append(f"'<level> before': the fastrank in {info['path']} ({info['commit'] or 'not a git checkout'}), "
+                                "built in place, timed in the same rounds; before / after > 1: this checkout is faster")
     print("\n".join(report["table"]))
     return payload("isa", device, {"quick": args.quick, "threads": threads, "ops": ops, "sizes": sizes},
                    records, report, machine, t0, ceilings=ceilings)
