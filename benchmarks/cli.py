@@ -84,7 +84,8 @@ def parser(case_names=()) -> argparse.ArgumentParser:
     g.add_argument("--case-time", type=A.positive_float, default=None,
                    help="seconds of sampling per cell (default 5)")
     g.add_argument("--before", type=A.existing_dir, default=None, metavar="DIR",
-                   help="also time the native step of the fastrank checkout DIR (built in place) beside this one")
+                   help="percall, isa: also time the native step of the fastrank checkout DIR (built in place) "
+                        "beside this one")
     g = p.add_argument_group("metrics")
     g.add_argument("--n-images", type=A.positive_int, default=None, help="images (captions: 5x); default 5000")
     g = p.add_argument_group("scale")
