@@ -93,7 +93,8 @@ def parser(case_names=()) -> argparse.ArgumentParser:
                    help="gradient-caching chunk (default: 128 text, 256 image)")
     g.add_argument("--towers", type=A.csv(), default=None, help="text, image (default: both; --quick: image)")
     g.add_argument("--sizes", type=A.csv(A.positive_int), default=None,
-                   help="batch sizes (default: 256..8192 image, 256, 1024, 4096, 8192 text)")
+                   help="scale: batch sizes (default: 256..8192 image, 256, 1024, 4096, 8192 text); "
+                        "loss_scale: n (default 1024..32768)")
     g = p.add_argument_group("quality")
     g.add_argument("--full", action="store_true",
                    help="the full setting (5 splits, K = 3, 6, 12, 25, the hyper-parameter search: ~4 h on 2 cores)")
