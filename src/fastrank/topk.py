@@ -34,6 +34,25 @@ class Lists(NamedTuple):
         """Rows ``start .. stop - 1`` (a view: no copy, no host read)."""
         return Lists(self.offsets[start:stop + 1], self.index, self.values)
 
+    def row_of_entries(self) -> Tensor:
+        """The row of each entry of ``index`` (-1 or ``rows`` for an entry of no row here)."""
+        positions = torch.arange(self.index.numel(), device=self.index.device)
+        return torch.searchsorted(self.offsets, positions, right=True) - 1
+
+    def dense(self, start: int, stop: int, columns: int, dtype: torch.dtype, row_of: Optional[Tensor] = None) -> Tensor:
+        """Rows ``start .. stop - 1`` as a (stop - start, columns) matrix (zeros but the listed
+        entries; a bool matrix: the entries of nonzero value), made on the device without a host
+        read. ``row_of``: :meth:`row_of_entries`, when the caller keeps it for several blocks."""
+        row_of = self.row_of_entries() if row_of is None else row_of
+        rows = stop - start
+        keep = (row_of >= start) & (row_of < stop) & (self.index >= 0) & (self.index < columns)
+        dump = rows * columns
+        pos = torch.where(keep, (row_of - start) * columns + self.index, torch.full_like(self.index, dump))
+        values = self.values if dtype != torch.bool else self.values != 0
+        out = torch.zeros(dump + 1, dtype=dtype, device=self.index.device)
+        out.scatter_(0, pos, values.to(dtype))
+        return out[:dump].view(rows, columns)
+
 
 @dataclass(frozen=True)
 class TopKRelevance:
