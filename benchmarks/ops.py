@@ -382,7 +382,7 @@ def embedding_loss(row: Loss) -> Op:
         est_bytes=lambda impl, mode, s, itemsize: (8 * s["n"] * s["m"] * 4 if impl != "native"
                                                    else 4 * (s["n"] + s["m"]) * EMB_D * 4
                                                    + 12 * min(s["n"] * s["m"], 1 << 22)),
-        modes=("forward+backward",), baseline="dense",
+        modes=("forward+backward",), baseline="dense", requires=fn,
         notes=f"d = {EMB_D}; smooth-NDCG: {EMB_K} graded documents a query (TopKRelevance); Smooth-AP, "
               f"Recall@k: the diagonal positives; default hyper-parameters and blocks")
 

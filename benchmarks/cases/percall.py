@@ -92,10 +92,13 @@ class Settings:
 # ------------------------------------------------------------------ the columns
 
 def _step(loss, inputs):
-    sim = inputs["sim"]
+    """One forward + backward, the gradients of the last one cleared (every input that takes
+    one: ``sim``, or ``q`` and ``d`` of a loss from the embeddings)."""
+    leaves = [t for t in inputs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
 
     def step():
-        sim.grad = None
+        for t in leaves:
+            t.grad = None
         loss(**inputs).backward()
     return step
 
