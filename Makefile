@@ -71,9 +71,14 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 # The wheel a user receives: `pip wheel .` (every CPU level, picked at import; the CUDA module
-# when nvcc is found), then auditwheel gives it a manylinux tag and grafts any library outside
+# when nvcc is found), linked against the symbols of glibc $(WHEEL_GLIBC) (FASTRANK_GLIBC: zig's
+# link stubs, the C++ runtime linked in), then `auditwheel repair --plat` gives it that
+# manylinux tag, failing should any symbol need a newer glibc, and grafts any library outside
 # that policy, except libgomp: the module uses the OpenMP runtime torch has already loaded
-# (docs/developing.md, "Wheels"). Only the `wheel` extra is installed, not fastrank.
+# (docs/developing.md, "Source distribution and wheels"). Only the `wheel` extra is installed,
+# not fastrank. WHEEL_GLIBC: torch's own wheels are manylinux_2_28.
+WHEEL_GLIBC ?= 2.28
+WHEEL_PLAT  := manylinux_$(subst .,_,$(WHEEL_GLIBC))_$(shell uname -m)
 WHEEL_STAMP := $(VENV)/.fastrank-wheel-tools
 
 $(WHEEL_STAMP): $(VENV)/bin/python pyproject.toml
@@ -84,8 +89,10 @@ $(WHEEL_STAMP): $(VENV)/bin/python pyproject.toml
 wheel: $(WHEEL_STAMP)
 	rm -rf dist/raw && mkdir -p dist
 	rm -f dist/fastrank-*.whl
-	$(PY) -m pip wheel . --no-deps -w dist/raw
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --exclude libgomp.so.1 -w dist dist/raw/fastrank-*.whl
+	FASTRANK_GLIBC=$(WHEEL_GLIBC) FASTRANK_ZIG="$$($(PY) -c 'import ziglang, pathlib; print(pathlib.Path(ziglang.__file__).with_name("zig"))')" \
+	  $(PY) -m pip wheel . --no-deps -w dist/raw
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(WHEEL_PLAT) --exclude libgomp.so.1 \
+	  -w dist dist/raw/fastrank-*.whl
 	rm -rf dist/raw
 	@ls dist/fastrank-*.whl
 

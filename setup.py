@@ -10,8 +10,13 @@ Environment:
                            import from the CPU's features (a portable binary); 1: for this
                            machine's CPU alone (-march=native, level "native").
   FASTRANK_BUILD_TYPE      CMake build type, default Release.
+  FASTRANK_GLIBC           link against the symbols of this glibc (e.g. 2.28, what `make wheel`
+                           sets), so the modules load on it and later ones; unset: this system's.
+                           Needs zig (the `ziglang` package of this Python, or FASTRANK_ZIG, its
+                           path) to make that glibc's link stubs (cmake/glibc_link_stubs.cmake).
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,20 +60,42 @@ def cpu_native_setting() -> bool:
     return flag == "1"
 
 
+def glibc_setting():
+    """(glibc version, zig) when FASTRANK_GLIBC asks for a link against an older glibc, else None."""
+    version = os.environ.get("FASTRANK_GLIBC", "").strip()
+    if not version:
+        return None
+    if not re.fullmatch(r"2\.\d+", version):
+        raise RuntimeError(f"FASTRANK_GLIBC must be a glibc version such as 2.28, got {version!r}")
+    zig = os.environ.get("FASTRANK_ZIG", "").strip()
+    if not zig:
+        try:
+            import ziglang
+            zig = str(Path(ziglang.__file__).with_name("zig"))
+        except ImportError:
+            zig = shutil.which("zig") or ""
+    if not (zig and os.path.isfile(zig) and os.access(zig, os.X_OK)):
+        raise RuntimeError(f"FASTRANK_GLIBC={version} needs zig for that glibc's link stubs: pip install ziglang, "
+                           f"or FASTRANK_ZIG=<path of zig> (found {zig!r})")
+    return version, zig
+
+
 MODULES = ("_C_cpu", "_C_cuda")
 
 
-def cmake_build_dir(native: bool, build_type: str) -> Path:
+def cmake_build_dir(native: bool, build_type: str, glibc=None) -> Path:
     """One CMake build directory per interpreter and configuration, kept between builds.
 
     It lives in the checkout (`build/`), not in setuptools' build_temp: an editable install
     gets a new temporary build_temp each time, which would recompile everything. Portable
-    and native builds get separate directories, so switching between them recompiles
-    nothing that was built before.
+    and native builds (and those linked against an older glibc) get separate directories,
+    so switching between them recompiles nothing that was built before.
     """
     name = f"cmake-{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
     if native:
         name += "-native"
+    if glibc:
+        name += f"-glibc{glibc}"
     if build_type != "Release":
         name += "-" + build_type.lower()
     return ROOT / "build" / name
@@ -154,7 +181,8 @@ class CMakeBuild(build_ext):
 
         native = cpu_native_setting()
         build_type = os.environ.get("FASTRANK_BUILD_TYPE", "Release")
-        build_dir = cmake_build_dir(native, build_type)
+        glibc = glibc_setting()
+        build_dir = cmake_build_dir(native, build_type, glibc[0] if glibc else None)
         module_dir = build_dir / "modules"
         nvcc = cuda_setting()
         cmake, generator, make_program = build_tools()
@@ -167,6 +195,8 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_BUILD_TYPE={build_type}",
             f"-DFASTRANK_CPU_NATIVE={'ON' if native else 'OFF'}",
             f"-DFASTRANK_CUDA={'ON' if nvcc else 'OFF'}",
+            f"-DFASTRANK_GLIBC={glibc[0] if glibc else ''}",
+            f"-DFASTRANK_ZIG={glibc[1] if glibc else ''}",
         ]
         if nvcc:
             args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")

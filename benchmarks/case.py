@@ -30,6 +30,12 @@ class Case:
     # the names it takes in the shared list options, by dest ("ops", "impls", "modes", "towers"):
     # a sequence, or a function returning one; cli.py refuses any other name before the run
     choices: Dict[str, Union[Sequence[str], Callable[[], Sequence[str]]]] = field(default_factory=dict)
+    # what an optional dependency of the case lacks (a line saying what to install), or None:
+    # the run of every case skips it, a run of it alone refuses to start (cli.py)
+    missing: Optional[Callable[[], Optional[str]]] = None
+
+    def lacks(self) -> Optional[str]:
+        return self.missing() if self.missing else None
 
 
 def payload(case: str, device: torch.device, config: dict, records: List[dict], report: dict,

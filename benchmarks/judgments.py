@@ -25,11 +25,23 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 INSTALL = "pip install 'fastrank[quality]' (or: pip install --no-deps gensim; only its data files are read)"
+
+
+def missing() -> Optional[str]:
+    """What the quality case lacks to run (gensim's test data, sentence-transformers), or None;
+    nothing is imported."""
+    try:
+        data_dir()
+    except FileNotFoundError as e:
+        return str(e)
+    if importlib.util.find_spec("sentence_transformers") is None:
+        return "sentence-transformers: pip install 'fastrank[quality]'"
+    return None
 
 
 def data_dir() -> Path:

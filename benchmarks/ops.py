@@ -337,6 +337,56 @@ FAST_RERANK_TOPK = Op(
 )
 
 
+# ------------------------------------------------------------------ the losses from the embeddings
+
+EMB_D, EMB_K = 64, 8
+
+
+def embedding_inputs(row_name):
+    """q, d (n = m, d = 64, unit rows) and the loss's relevance: a TopKRelevance of 8 graded
+    documents a query (smooth-NDCG) or the diagonal positives (None)."""
+    def inputs(size, device, dtype, requires_grad):
+        n, m = size["n"], size["m"]
+        q = torch.nn.functional.normalize(torch.randn(n, EMB_D, device=device), dim=1).to(dtype)
+        d = torch.nn.functional.normalize(torch.randn(m, EMB_D, device=device), dim=1).to(dtype)
+        out = {"q": q.requires_grad_(requires_grad), "d": d.requires_grad_(requires_grad)}
+        if row_name == "smooth_ndcg_from_embeddings":
+            idx = torch.argsort(torch.rand(n, m, device=device), dim=1)[:, :EMB_K]
+            out["relevance"] = fastrank.TopKRelevance(idx, torch.rand(n, EMB_K, device=device).to(dtype), m)
+        return out
+    return inputs
+
+
+def _matrix_path(fn_name):
+    """The loss's matrix path: the native loss of the table on q @ d.T (the (N, M) matrix held)."""
+    matrix = getattr(fastrank, fn_name.replace("_from_embeddings", ""))
+
+    def call(q, d, relevance=None):
+        return matrix(q @ d.T, relevance, impl="native") if relevance is not None else matrix(q @ d.T, impl="native")
+    return call
+
+
+def embedding_loss(row: Loss) -> Op:
+    """A loss from the embeddings: native (blocks) against its matrix path (``dense``: the native
+    loss on q @ d.T) and the reference."""
+    fn = row.functional.__name__
+
+    def public(impl):
+        return lambda: functools.partial(getattr(fastrank, fn), impl=impl)
+    return Op(
+        name=row.name, about=" ".join(row.functional.__doc__.split("\n\n")[0].split()),
+        impls={"native": public("native"), "dense": lambda: _matrix_path(fn), "reference": public("reference")},
+        inputs=embedding_inputs(row.name),
+        sizes={"cpu": square(256, 1024, 4096), "cuda": square(1024, 4096, 16384), "quick": square(16, 64)},
+        work=lambda s: s["n"] * s["m"] * (EMB_D + EMB_K),
+        est_bytes=lambda impl, mode, s, itemsize: (8 * s["n"] * s["m"] * 4 if impl != "native"
+                                                   else 4 * (s["n"] + s["m"]) * EMB_D * 4
+                                                   + 12 * min(s["n"] * s["m"], 1 << 22)),
+        modes=("forward+backward",), baseline="dense", requires=fn,
+        notes=f"d = {EMB_D}; smooth-NDCG: {EMB_K} graded documents a query (TopKRelevance); Smooth-AP, "
+              f"Recall@k: the diagonal positives; default hyper-parameters and blocks")
+
+
 # ------------------------------------------------------------------ the PyTorch losses
 
 def pytorch_loss(name: str, about: str, call: Callable) -> Op:
@@ -371,7 +421,9 @@ PRIORITY = ("smooth_ndcg", "kendall_sw", "fast_rerank", "kendall", "fast_rerank_
 def _native_ops() -> Dict[str, Op]:
     """The benchmark of every native op of the table: its custom Op, or native_loss's default
     adjusted by TUNED."""
-    ops = {name: CUSTOM.get(name) or native_loss(row, **TUNED.get(name, {})) for name, row in NATIVE_OPS.items()}
+    ops = {name: CUSTOM.get(name) or (embedding_loss(row) if name.endswith("_from_embeddings") else
+                                      native_loss(row, **TUNED.get(name, {})))
+           for name, row in NATIVE_OPS.items()}
     ops.update((name, op) for name, op in CUSTOM.items() if name not in ops)
     return {name: ops[name] for name in (*[p for p in PRIORITY if p in ops], *ops)}
 

@@ -39,6 +39,8 @@ def plot(payload: dict, path: Path) -> Optional[Path]:
     from . import quality_report
     if quality_report.is_quality(payload):
         return quality_report.plot(payload, path)
+    if (payload.get("report") or {}).get("layout") == "times":
+        return plot_times(payload, path)
     rows = _rows(payload)
     if not rows:
         return None
@@ -82,6 +84,52 @@ def plot(payload: dict, path: Path) -> Optional[Path]:
             ax.grid(True, which="both", alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plot_times(payload: dict, path: Path) -> Optional[Path]:
+    """Time against N (log-log), a line per implementation and op, with the slopes of the
+    report's ``slopes`` (name -> exponent) drawn through the first point of each op's baseline;
+    right: peak extra memory. None when no op has two sizes."""
+    recs = [r for r in payload["results"] if r["status"] == "ok"]
+    ops = [op for op in OrderedDict.fromkeys(r["op"] for r in recs) if len({r["x"] for r in recs if r["op"] == op}) > 1]
+    if not ops:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    report = payload["report"]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.6))
+    styles = ["-", "--", ":", "-."]
+    impls = list(OrderedDict.fromkeys(r["impl"] for r in recs))
+    for j, op in enumerate(ops):
+        for i, impl in enumerate(impls):
+            rs = sorted((r for r in recs if r["op"] == op and r["impl"] == impl), key=lambda r: r["x"])
+            if not rs:
+                continue
+            kw = dict(marker="o", color=f"C{i}", linestyle=styles[j % len(styles)], label=f"{op}: {impl}")
+            ax_t.plot([r["x"] for r in rs], [r["time"]["median_s"] for r in rs], **kw)
+            mem = [(r["x"], r["memory"]["peak_bytes"]) for r in rs if (r.get("memory") or {}).get("peak_bytes")]
+            if mem:
+                ax_m.plot([a for a, _ in mem], [b / 2 ** 20 for _, b in mem], **kw)
+    first = min((r for r in recs if r["op"] == ops[0]), key=lambda r: (r["x"], r["time"]["median_s"]))
+    xs = sorted({r["x"] for r in recs})
+    for k, (name, power) in enumerate((report.get("slopes") or {}).items()):
+        ax_t.plot(xs, [first["time"]["median_s"] * (x / first["x"]) ** power for x in xs], color="k",
+                  linestyle=styles[k % len(styles)], linewidth=0.8, label=f"slope {name}")
+    x_name = next(iter((report.get("x_names") or {"": "N"}).values()))
+    for ax, ylabel in ((ax_t, "seconds per call"), (ax_m, "peak extra memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(x_name)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=7)
+    fig.suptitle(f"{payload['case']} ({payload['device']}, {payload['created'][:10]})", fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=80)

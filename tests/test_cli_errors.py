@@ -55,6 +55,7 @@ BAD = {
         "--text-encoder": "bogus",
         "--embed-dim": "0",
         "--relevance": "bogus",
+        "--relevance-topk": "-1",
         "--epochs": "-1",
         "--batch-size": "1",
         "--lr": "abc",

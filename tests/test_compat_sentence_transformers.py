@@ -187,6 +187,36 @@ def test_without_labels_smooth_ap_and_in_batch_are_mnrl_style(bert):
     torch.testing.assert_close(ap, functional("SmoothAPLoss", reps, binary))
 
 
+def test_in_batch_relevance_is_topk_for_smooth_ndcg(bert, monkeypatch):
+    """In-batch without a teacher, smooth-NDCG (alone or as InBatchListwiseLoss's term) gets the
+    relevance as a TopKRelevance, each query's D documents, never the (B, D * B) matrix; the
+    matrix-only losses and the teacher's relevance stay dense."""
+    seen = []
+    for name in ("smooth_ndcg_loss", "smooth_ap_loss", "kendall_sw_loss"):
+        real = getattr(fst, name)
+        monkeypatch.setattr(fst, name, lambda sim, rel, *a, real=real, **kw: seen.append(rel) or real(sim, rel, *a, **kw))
+    feats = features(bert, QUERIES, DOCS1, DOCS2)
+    B, D = len(QUERIES), 2
+    for loss in (fst.SmoothNDCGLoss(bert), fst.InBatchListwiseLoss(bert, listwise="smooth_ndcg")):
+        loss(feats, LABELS)
+        rel = seen.pop()
+        assert isinstance(rel, fastrank.TopKRelevance) and rel.shape == (B, D * B) and rel.k == D
+        assert rel.indices.tolist() == [[b, B + b] for b in range(B)]
+        assert torch.equal(rel.to_dense(), in_batch_relevance(LABELS, B, D))
+    fst.SmoothAPLoss(bert)(feats, None)
+    assert torch.equal(seen.pop(), in_batch_relevance(torch.tensor([[1.0, 0.0]] * B), B, D) > 0)
+    fst.KendallSWLoss(bert)(feats, LABELS)
+    assert torch.equal(seen.pop(), in_batch_relevance(LABELS, B, D))
+    fst.SmoothNDCGLoss(bert, in_batch=False)(feats, LABELS)
+    assert torch.equal(seen.pop(), LABELS.double())
+    teacher = fastrank.relevance.CaptionEncoder(cache_dir=False, device="cpu")
+    fst.SmoothNDCGLoss(bert, teacher=teacher)(feats, LABELS)
+    rel = seen.pop()
+    others = in_batch_relevance(torch.ones(B, D), B, D) == 0     # the other queries' documents
+    assert isinstance(rel, torch.Tensor) and rel.shape == (B, D * B) and bool((rel[others] > 0).all())
+    assert not seen
+
+
 def test_teacher_relevance_is_rsc(bert):
     """teacher=: r = (1 + cos(g(query text), g(doc text))) / 2 off the own documents,
     the labels on them (doc_1 = 1 without labels)."""

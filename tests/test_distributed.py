@@ -53,6 +53,7 @@ class Encoder(torch.nn.Module):
 def cases():
     """name -> (LocalLoss, full-batch loss(img, txt), images, captions, relevance, positives)."""
     img, txt, cap, rel, pos2 = make_data()
+    top = fastrank.TopKRelevance.from_dense(rel, 2)
     scale = lambda a, b: 10.0 * a @ b.t()  # noqa: E731
     return {
         "triplet_mean": (LocalLoss(fastrank.triplet_loss, margin=0.2),
@@ -75,6 +76,13 @@ def cases():
                                        lambda i, t: fastrank.smooth_ndcg_loss(i @ t.t(), rel, tau=0.1,
                                                                               direction="i2t"),
                                        img, txt, "pair", None),
+        # a TopKRelevance: each rank takes its rows and its columns of it, never the matrix
+        "smooth_ndcg_topk": (LocalLoss(fastrank.smooth_ndcg_loss, tau=0.1),
+                             lambda i, t: fastrank.smooth_ndcg_loss(i @ t.t(), top, tau=0.1),
+                             img, txt, top, None),
+        "kendall_topk_sum": (LocalLoss(fnn.KendallLoss(alpha=0.05, reduction="sum")),
+                             lambda i, t: fastrank.kendall_loss(i @ t.t(), top, alpha=0.05, reduction="sum"),
+                             img, txt, top, None),
         # every query has a positive here, so "mean" over the queries with one is over all
         "smooth_ap_mean_2caps": (LocalLoss(fastrank.smooth_ap_loss, tau=0.1),
                                  lambda i, t: fastrank.smooth_ap_loss(i @ t.t(), pos2, tau=0.1),
@@ -154,6 +162,9 @@ def test_single_process_is_the_plain_loss():
                                fastrank.triplet_loss(img @ txt.t(), reduction="none"))
     torch.testing.assert_close(LocalLoss(fnn.SmoothNDCGLoss(tau=0.2))(img, txt, relevance=rel),
                                fastrank.smooth_ndcg_loss(img @ txt.t(), rel, tau=0.2))
+    top = fastrank.TopKRelevance.from_dense(rel, 3)
+    torch.testing.assert_close(LocalLoss(fnn.SmoothNDCGLoss(tau=0.2))(img, txt, relevance=top),
+                               fastrank.smooth_ndcg_loss(img @ txt.t(), top.to_dense(), tau=0.2))
 
 
 def test_local_loss_bad_input():
@@ -162,6 +173,10 @@ def test_local_loss_bad_input():
         LocalLoss(fastrank.smooth_ndcg_loss)(img, txt)
     with pytest.raises(ValueError, match="relevance"):
         LocalLoss(fastrank.smooth_ndcg_loss)(img, txt, relevance=rel[:2])
+    with pytest.raises(ValueError, match=r"relevance must have the global shape \(N, M\) = \(6, 6\)"):
+        LocalLoss(fastrank.smooth_ndcg_loss)(img, txt, relevance=fastrank.TopKRelevance.from_dense(rel[:2], 2))
+    with pytest.raises(TypeError, match="relevance must be a torch.Tensor, a TopKRelevance"):
+        LocalLoss(fastrank.smooth_ndcg_loss)(img, txt, relevance=0.5)
     with pytest.raises(ValueError, match="positives"):
         LocalLoss(fastrank.triplet_loss)(img, cap)          # 1 image : 2 captions, no positives
     with pytest.raises(ValueError, match="direction"):

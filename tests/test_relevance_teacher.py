@@ -1,13 +1,17 @@
 """fastrank.relevance.teacher_relevance: RSC relevance between query and document texts from a
 frozen teacher (what the sentence-transformers losses' ``teacher=`` uses; their own test checks
-it through the losses with the bundled MiniLM)."""
+it through the losses with the bundled MiniLM), and teacher_relevance_topk, each query's k best
+documents of it, in blocks of queries."""
 import subprocess
 import sys
 
 import pytest
 import torch
+from _largest_tensor import LargestTensor
 
-from fastrank.relevance import check_teacher, relevance_matrix, teacher_embeddings, teacher_relevance
+import fastrank
+from fastrank.relevance import (check_teacher, relevance_matrix, teacher_embeddings, teacher_relevance,
+                                teacher_relevance_topk)
 
 
 class Table:
@@ -61,6 +65,36 @@ def test_bad_teacher_and_texts():
             return torch.ones(len(texts))
     with pytest.raises(ValueError, match=r"teacher.encode returned shape \(2,\) for 2 texts"):
         teacher_embeddings(Flat(), ["a", "b"])
+
+
+def test_teacher_topk_is_the_teacher_matrix_top_k():
+    g = torch.Generator().manual_seed(9)
+    texts = [f"t{i}" for i in range(70)]
+    teacher = Table({t: torch.randn(4, generator=g) for t in texts})
+    queries, documents = texts[:23], texts[23:]
+    dense = teacher_relevance(teacher, queries, documents)
+    for k, block_size in ((1, None), (4, 5), (47, 1), (50, 23)):
+        teacher.calls.clear()
+        got = teacher_relevance_topk(teacher, queries, documents, k, block_size=block_size)
+        assert teacher.calls == [queries + documents]            # encoded once, queries first
+        assert got.shape == (23, 47) and got.values.dtype == torch.float32
+        want = fastrank.TopKRelevance.from_dense(dense, k)
+        assert torch.equal(got.indices, want.indices)
+        torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-6)
+    with LargestTensor() as seen:
+        teacher_relevance_topk(teacher, queries, documents, 3, block_size=2)
+    assert seen.numel <= max(70 * 4, 2 * 47) < 23 * 47        # the embeddings, or a block of 2 queries
+
+
+def test_teacher_topk_bad_input():
+    teacher = Table({"a": torch.ones(3), "b": torch.ones(3)})
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        teacher_relevance_topk(teacher, ["a"], ["b"], 0)
+    with pytest.raises(TypeError, match="teacher must be"):
+        teacher_relevance_topk(object(), ["a"], ["b"], 1)
+    with pytest.raises(ValueError, match="documents must not be empty"):
+        teacher_relevance_topk(teacher, ["a"], [], 1)
+    assert teacher.calls == []
 
 
 def test_does_not_import_sentence_transformers():

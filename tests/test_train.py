@@ -79,6 +79,8 @@ epochs = 7
     ({"train.epochs": "3"}, "train.epochs expects int"),
     ({"train.epochs": 0}, "train.epochs"),
     ({"relevance.source": "bert"}, "relevance.source"),
+    ({"relevance.topk": -1}, "relevance.topk must be an integer >= 0"),
+    ({"relevance.topk": 2.0}, "relevance.topk expects int"),
     ({"optim.lr": -1.0}, "optim.lr"),
     ({"eval.rerank": 1}, "eval.rerank expects bool"),
 ])
@@ -172,16 +174,22 @@ def test_one_epoch_smoke(tmp_path):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+def step_by_hand(tr):
+    """A batch of the trainer's training split by hand: (caption ids, their images, the model's
+    output, the positives: pairs sharing an image)."""
+    g = torch.tensor([0, 1, 5, 6, 7, 12, 13, 20])        # captions 0,1 share image 0; 5,6,7 image 1
+    img_index = tr.train_ds.caption_to_image[g]
+    batch = fastrank.data.collate([tr.train_ds[int(i)] for i in g], tr.vocab)
+    out = tr.model(batch.images, batch.captions, batch.image_lengths, batch.caption_lengths)
+    return g, img_index, out, img_index[:, None] == img_index[None, :]
+
+
 def test_train_step_loss_is_combined_loss_with_batch_positives(tmp_path):
     """One step by hand: the trainer's LocalLoss terms equal CombinedLoss(sim, relevance,
     positives) on the batch, positives = pairs sharing an image."""
     cfg = tiny_config(tmp_path, **{"loss.spec": "triplet:1.0,ladder:0.5"})
     tr = Trainer(cfg)
-    g = torch.tensor([0, 1, 5, 6, 7, 12, 13, 20])        # captions 0,1 share image 0; 5,6,7 image 1
-    img_index = tr.train_ds.caption_to_image[g]
-    batch = fastrank.data.collate([tr.train_ds[int(i)] for i in g], tr.vocab)
-    out = tr.model(batch.images, batch.captions, batch.image_lengths, batch.caption_lengths)
-    pos = img_index[:, None] == img_index[None, :]
+    g, img_index, out, pos = step_by_hand(tr)
     rel = tr.train_rel.matrix(img_index, g)
     assert torch.equal(rel[pos], torch.ones(int(pos.sum())))
     total = sum(w * l(out.img_emb, out.txt_emb, relevance=rel, positives=pos) for l, w in tr.loss_fn.values())
@@ -189,6 +197,40 @@ def test_train_step_loss_is_combined_loss_with_batch_positives(tmp_path):
     assert torch.allclose(total, want, atol=1e-6)
     wrong, _ = CombinedLoss("triplet:1.0,ladder:0.5")(out.sim, relevance=rel)   # diagonal positives
     assert not torch.allclose(total, wrong, atol=1e-6)
+
+
+def test_topk_relevance_step_is_combined_loss_of_the_truncated_matrix(tmp_path):
+    """relevance.topk = K: the batch's relevance is each image's K best captions (its own
+    always kept), a TopKRelevance; smooth_ndcg and kendall take it, ladder its matrix, and the
+    step's loss is CombinedLoss on that truncated matrix, not on the dense relevance."""
+    spec = "smooth_ndcg:1.0,kendall:0.5,ladder:0.5"
+    tr = Trainer(tiny_config(tmp_path, **{"loss.spec": spec, "relevance.topk": 2}))
+    g, img_index, out, pos = step_by_hand(tr)
+    dense = tr.train_rel.matrix(img_index, g)
+    top = tr.train_rel.topk(img_index, g, 2)
+    assert isinstance(top, fastrank.TopKRelevance) and top.k == 5           # max(K, captions per image)
+    assert torch.equal(top.to_dense()[pos], torch.ones(int(pos.sum())))    # the ground truth stays
+    truncated = fastrank.TopKRelevance.from_dense(dense, 2).to_dense()
+    truncated[pos] = 1.0
+    assert torch.equal(top.to_dense(), truncated)
+    total, parts = tr._loss_terms(tr.loss_fn, out.img_emb, out.txt_emb, top, pos, img_index)
+    want, want_parts = CombinedLoss(spec)(out.sim, relevance=truncated, positives=pos)
+    torch.testing.assert_close(total, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.stack(parts), torch.stack(list(want_parts.values())), atol=1e-6, rtol=0)
+    dense_total, _ = CombinedLoss(spec)(out.sim, relevance=dense, positives=pos)
+    assert not torch.allclose(total, dense_total, atol=1e-4)
+
+
+def test_topk_relevance_trains(tmp_path, monkeypatch):
+    """The loop asks for the top-K relevance at every step and trains on it."""
+    asked = []
+    topk = CaptionRelevance.topk
+    monkeypatch.setattr(CaptionRelevance, "topk", lambda self, i, c, k: asked.append(k) or topk(self, i, c, k))
+    cfg = tiny_config(tmp_path, **{"loss.spec": "triplet:1.0,smooth_ndcg:1.0,kendall_sw:0.5", "relevance.topk": 3,
+                                   "train.epochs": 1, "train.max_steps_per_epoch": 2, "eval.graded": False})
+    rec = Trainer(cfg).fit()[0]
+    assert asked == [3, 3] and math.isfinite(rec["loss"]) and rec["loss_parts"]["smooth_ndcg"] > 0
+    assert json.loads((tmp_path / "config.json").read_text())["relevance"]["topk"] == 3
 
 
 def test_resume_equals_straight_run(tmp_path):

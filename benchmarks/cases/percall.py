@@ -92,10 +92,13 @@ class Settings:
 # ------------------------------------------------------------------ the columns
 
 def _step(loss, inputs):
-    sim = inputs["sim"]
+    """One forward + backward, the gradients of the last one cleared (every input that takes
+    one: ``sim``, or ``q`` and ``d`` of a loss from the embeddings)."""
+    leaves = [t for t in inputs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
 
     def step():
-        sim.grad = None
+        for t in leaves:
+            t.grad = None
         loss(**inputs).backward()
     return step
 
@@ -198,11 +201,19 @@ def _one_child(op: Op, inputs, st: "Settings", tree: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         call = Path(tmp) / "call.pt"
         torch.save({"fn": native.func.__name__, "kwargs": native.keywords, "inputs": inputs}, call)
-        args = {"fastrank_path": str(before_path(tree)), "root": str(ROOT), "call": str(call),
-                "timing": [st.sample_s, st.samples, st.min_samples, st.case_s]}
-        env = {**os.environ, "PYTHONPATH": ""}
-        res = subprocess.run([sys.executable, "-c", BEFORE_CHILD, json.dumps(args)], capture_output=True,
-                             text=True, env=env, timeout=600)
+        return run_child(BEFORE_CHILD, tree, {"call": str(call), "timing": [st.sample_s, st.samples,
+                                                                            st.min_samples, st.case_s]})
+
+
+def run_child(code: str, tree: Path, args: dict, env: Optional[Dict[str, str]] = None, timeout: float = 600) -> dict:
+    """Run ``code`` in a fresh Python process that imports fastrank from the checkout `tree`
+    (``args["fastrank_path"]``, with this repository's root as ``args["root"]`` for
+    ``benchmarks``): its last line of output is a JSON record with ``fastrank_file`` (checked
+    to lie in `tree`, then dropped). ``env``: variables set for the child (threads)."""
+    args = {"fastrank_path": str(before_path(tree)), "root": str(ROOT), **args}
+    env = {**os.environ, "PYTHONPATH": "", **(env or {})}
+    res = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True,
+                         text=True, env=env, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"the step of the fastrank in {tree} failed: " + res.stderr.strip().splitlines()[-1][:300])
     rec = json.loads(res.stdout.strip().splitlines()[-1])

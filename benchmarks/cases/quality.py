@@ -651,4 +651,4 @@ CASE = Case("quality", "fine-tune the bundled MiniLM on real graded human judgme
                        "per list, SimLex-999 words; disjoint train / test halves, hyper-parameters searched on the "
                        "train half): fastrank's ranking losses against sentence-transformers' bi- and "
                        "cross-encoder losses, NDCG, Kendall tau-b, Spearman",
-            run, cpu_threads=1)
+            run, cpu_threads=1, missing=J.missing)

@@ -204,10 +204,16 @@ def check_relevance(relevance, sim: torch.Tensor, *, values: bool = True) -> tor
     return check_like(relevance, "relevance", sim, values=values)
 
 
-def check_topk_relevance(relevance, sim: torch.Tensor):
+def check_topk_relevance(relevance, sim: torch.Tensor, shape: Optional[Tuple[int, int]] = None, like: str = "sim"):
     """A :class:`fastrank.TopKRelevance` for sim (docs/spec.md §2.1b), structure only: indices
-    int64 (N, k), values float (N, k), num_columns = M, on sim's device. Metadata only: no
-    value is read (:func:`check_topk_values` reads them)."""
+    int64 (N, k), values float (N, k), num_columns = M, on sim's device (``shape``: (N, M), named
+    ``like`` in the error, when sim is not that matrix: the embeddings whose similarities it is).
+    Metadata only: no value is read (:func:`check_topk_values` reads them)."""
+    from .topk import TopKRelevance
+    if not isinstance(relevance, TopKRelevance):
+        raise TypeError(f"relevance must be a fastrank.TopKRelevance (TopKRelevance.from_dense(matrix, k) makes "
+                        f"one), got {type(relevance).__name__}")
+    shape = tuple(sim.shape) if shape is None else tuple(shape)
     idx, val, m = relevance.indices, relevance.values, relevance.num_columns
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64:
         raise TypeError(f"relevance.indices must be an int64 torch.Tensor, got "
@@ -216,31 +222,33 @@ def check_topk_relevance(relevance, sim: torch.Tensor):
     if idx.dim() != 2 or idx.shape != val.shape:
         raise ValueError(f"relevance.indices must be 2-D with the shape of relevance.values "
                          f"{tuple(val.shape)}, got {tuple(idx.shape)}")
-    if idx.shape[0] != sim.shape[0] or not isinstance(m, int) or m != sim.shape[1]:
-        raise ValueError(f"relevance must have the shape of sim {tuple(sim.shape)}, got {idx.shape[0]} rows of "
+    if idx.shape[0] != shape[0] or not isinstance(m, int) or m != shape[1]:
+        raise ValueError(f"relevance must have the shape of {like} {shape}, got {idx.shape[0]} rows of "
                          f"{m!r} columns")
     for name, t in (("relevance.indices", idx), ("relevance.values", val)):
         if t.device != sim.device:
-            raise ValueError(f"{name} is on {t.device} but sim is on {sim.device}")
+            raise ValueError(f"{name} is on {t.device} but {like} is on {sim.device}")
     return relevance
 
 
-def check_topk_values(relevance, *, minimum: Optional[float] = None, loss: str = "") -> None:
+def check_topk_values(relevance, *, minimum: Optional[float] = None, loss: str = "",
+                      names: Tuple[str, str] = ("relevance.indices", "relevance.values")) -> None:
     """The values of a :class:`fastrank.TopKRelevance` (the caller has decided the value check
     is on): indices in [-1, num_columns), no column twice in a row, values finite (and >=
-    ``minimum``) where an entry is listed. Reads the data (a host sync on CUDA)."""
+    ``minimum``) where an entry is listed; the errors name ``names`` (the indices', the
+    values'). Reads the data (a host sync on CUDA)."""
     idx, val, m = relevance.indices, relevance.values, relevance.num_columns
     if idx.numel() == 0:
         return
     lo, hi = (int(v) for v in torch.aminmax(idx))
     if lo < -1 or hi >= m:
-        raise ValueError(f"relevance.indices must lie in [-1, {m}) (-1: no entry), got values in [{lo}, {hi}]")
+        raise ValueError(f"{names[0]} must lie in [-1, {m}) (-1: no entry), got values in [{lo}, {hi}]")
     srt = torch.sort(idx, dim=1).values
     if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
-        raise ValueError("relevance.indices must not list a column twice in a row")
+        raise ValueError(f"{names[0]} must not list a column twice in a row")
     listed = val[idx >= 0]
     if listed.numel():
-        check_relevance_values(listed, minimum=minimum, loss=loss, name="relevance.values")
+        check_relevance_values(listed, minimum=minimum, loss=loss, name=names[1])
 
 
 def check_mask(mask, sim: torch.Tensor) -> Optional[torch.Tensor]:

@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import _validation as V
+from .topk import TopKRelevance
 
 __all__ = ["all_gather_with_grad", "LocalLoss", "is_distributed"]
 
@@ -113,7 +114,8 @@ class LocalLoss(torch.nn.Module):
         img_local: (B_i, D) this rank's image embeddings; txt_local: (B_t, D) its captions.
         relevance: for losses that take it: the global (N, M) matrix (N = W*B_i, M = W*B_t,
             rank-major order; relevance needs no gradient, so it can be built from gathered
-            caption embeddings), or the pair (rows (B_i, M), columns (N, B_t)) of this rank.
+            caption embeddings), a :class:`fastrank.TopKRelevance` of that shape (for the
+            losses that take one), or the pair (rows (B_i, M), columns (N, B_t)) of this rank.
         positives: bool, the same two forms; None = the diagonal (needs B_i == B_t).
     Returns L_r: a scalar (``"mean"``/``"sum"``) or the local per-query losses (``"none"``).
     """
@@ -190,8 +192,13 @@ class LocalLoss(torch.nn.Module):
                         raise ValueError(f"{name} {part} must be a tensor of shape {shape}, got "
                                          f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
                 return rows, cols
+            if isinstance(x, TopKRelevance):   # docs/spec.md §2.1b: sliced without the (N, M) matrix
+                if tuple(x.shape) != (n, m):
+                    raise ValueError(f"{name} must have the global shape (N, M) = {(n, m)}, got {tuple(x.shape)}")
+                return x.rows_of(oi, oi + bi), x.columns_of(ot, ot + bt)
             if not isinstance(x, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor or a (rows, cols) pair, got {type(x).__name__}")
+                raise TypeError(f"{name} must be a torch.Tensor, a TopKRelevance or a (rows, cols) pair, got "
+                                f"{type(x).__name__}")
             if tuple(x.shape) != (n, m):
                 raise ValueError(f"{name} must have the global shape (N, M) = {(n, m)}, got {tuple(x.shape)}")
             return x[oi:oi + bi], x[:, ot:ot + bt]

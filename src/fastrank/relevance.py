@@ -12,14 +12,23 @@ to caption j is the maximum over its own captions (as in the Listwise ITR public
 ground-truth pairs get relevance exactly 1.
 
 - :class:`CaptionEncoder`: captions -> L2-normalised float32 embeddings, cached on disk.
-- :func:`relevance_matrix`: the full (n_images, n_captions) (or (B, B)) relevance.
+- :func:`relevance_matrix`: the full (n_images, n_captions) (or (B, B)) relevance;
+  :func:`relevance_topk`: the same truncated to each image's k best captions, the rest 0
+  (a :class:`fastrank.TopKRelevance`), computed in blocks of images, never (n, m).
 - :class:`BatchRelevance`: the (B, B) relevance of a training batch from caption ids,
-  on the batch's device, in microseconds.
+  on the batch's device, in microseconds (:meth:`BatchRelevance.topk`: truncated).
 - :func:`index_from_caption_to_image`: the (n_images, captions_per_image) caption index
   from a caption -> image map.
 - :func:`teacher_relevance`: the relevance between query and document texts from a frozen
   teacher (the sentence-transformers losses' ``teacher=``), with :func:`teacher_embeddings`
-  and :func:`check_teacher`.
+  and :func:`check_teacher`; :func:`teacher_relevance_topk`: each query's k best documents
+  by the teacher, in blocks of queries, never (n_queries, n_documents).
+
+Truncation (docs/spec.md §4): a row keeps its k largest entries, the ground-truth pairs
+first (relevance 1, kept even where a row has more than k of them), ties to the lower
+column, an entry of relevance 0 not listed; every other entry is 0. That is
+:meth:`fastrank.TopKRelevance.from_dense` of the dense matrix wherever no other entry ties
+with the ground truth at 1.
 
 sentence-transformers is imported only when a model is actually loaded, so
 ``import fastrank.relevance`` stays fast and a cache hit never loads the model.
@@ -33,7 +42,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -41,13 +50,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _validation as V
+from .topk import TopKRelevance
 
-__all__ = ["CaptionEncoder", "relevance_matrix", "BatchRelevance", "index_from_caption_to_image",
-           "teacher_relevance", "teacher_embeddings", "check_teacher", "default_model_path", "default_cache_dir"]
+__all__ = ["CaptionEncoder", "relevance_matrix", "relevance_topk", "BatchRelevance", "index_from_caption_to_image",
+           "teacher_relevance", "teacher_relevance_topk", "teacher_embeddings", "check_teacher",
+           "default_model_path", "default_cache_dir"]
 
 _CACHE_FORMAT = "fastrank.caption_embeddings"
 _CACHE_VERSION = 1
 _BLOCK_ELEMS = 1 << 24  # entries of the (rows x captions_per_image x M) product per block
+_GROUND_TRUTH_KEY = 2.0  # a ground-truth pair's rank key when truncating: above every relevance in [0, 1]
 
 
 # ----------------------------------------------------------------------------- encoder
@@ -304,6 +316,94 @@ def _cos_to_relevance(cos: Tensor) -> Tensor:
     return ((1.0 + cos) * 0.5).clamp_(0.0, 1.0)
 
 
+# ----------------------------------------------------------- each row's k best entries
+def _largest(key: Tensor, w: int) -> Tuple[Tensor, Tensor]:
+    """(values, columns) (b, w) of each row's w largest entries of ``key`` (b, m), w <= m,
+    in descending order, ties to the lower column (the order of ``TopKRelevance.from_dense``'s
+    stable sort), in O(b * m) work: the w-th largest value, every entry above it, and the
+    lowest columns of the entries equal to it. No host read (no CUDA synchronisation)."""
+    m = key.shape[1]
+    kth = torch.topk(key, w, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    above = key > kth
+    tied = key == kth
+    take = above | (tied & (tied.cumsum(dim=1, dtype=torch.int32) <= w - above.sum(dim=1, keepdim=True)))
+    # exactly w taken a row: their columns, ascending, are the w largest of m - column where taken
+    lower_first = torch.arange(m, 0, -1, device=key.device, dtype=torch.int32)
+    cols = torch.topk(torch.where(take, lower_first, 0), w, dim=1).indices
+    vals = key.gather(1, cols)
+    order = torch.sort(vals, dim=1, descending=True, stable=True).indices
+    return vals.gather(1, order), cols.gather(1, order)
+
+
+def _keep_best(rel: Tensor, k: int, gt: Optional[Tensor] = None, gt_per_row: int = 0) -> Tuple[Tensor, Tensor]:
+    """(indices, values) of a :class:`~fastrank.TopKRelevance` holding each row's k best
+    entries of a relevance block ``rel`` (b, m) in [0, 1] (module docstring, "Truncation").
+
+    gt: optional bool (b, m), the ground-truth pairs (relevance 1 whatever ``rel`` holds), at
+    most ``gt_per_row`` a row: they come first and all stay, so the width is
+    min(max(k, gt_per_row), m); slots past k that no ground truth fills are unused (-1)."""
+    w = min(max(k, gt_per_row), rel.shape[1])
+    key = rel if gt is None else rel.masked_fill(gt, _GROUND_TRUTH_KEY)
+    vals, cols = _largest(key, w)
+    is_gt = vals > 1.0
+    past_k = torch.arange(w, device=rel.device) >= k
+    unused = (vals == 0) | (past_k & ~is_gt)
+    vals = vals.clamp(max=1.0).masked_fill_(unused, 0.0)
+    return cols.masked_fill_(unused, -1), vals
+
+
+def _rows_per_block(m: int, width: int = 1) -> int:
+    return max(1, _BLOCK_ELEMS // (width * m))
+
+
+def _rsc_blocks(q: Tensor, c: Tensor, idx: Optional[Tensor], rows: int):
+    """Eq. 8 in blocks of ``rows`` queries, without the ground truth: yields (start, (b, M)
+    relevance). ``idx`` None: row i is query ``q[i]``; else row i is image i, the max over its
+    captions ``q[idx[i]]`` (Listwise ITR's public code)."""
+    ct = c.t()
+    if idx is None:
+        for a in range(0, q.shape[0], rows):
+            yield a, _cos_to_relevance(q[a:a + rows] @ ct)
+        return
+    k = idx.shape[1]
+    for a in range(0, idx.shape[0], rows):
+        own = q[idx[a:a + rows]]                                   # (b, k, D)
+        cos = (own.reshape(-1, own.shape[-1]) @ ct).view(own.shape[0], k, ct.shape[1]).amax(dim=1)
+        yield a, _cos_to_relevance(cos)
+
+
+def _ground_truth_columns(idx: Optional[Tensor], start: int, b: int, device) -> Tensor:
+    """(b, g) the ground-truth columns of rows start .. start + b - 1: the diagonal of a batch
+    of pairs (g = 1), or each image's own captions."""
+    if idx is None:
+        return torch.arange(start, start + b, device=device).unsqueeze(1)
+    return idx[start:start + b]
+
+
+def _check_rsc(query_caption_emb, caption_emb, image_caption_index) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """The arguments of :func:`relevance_matrix` / :func:`relevance_topk`, structure first,
+    then the values (docs/spec.md §1, _validation.py): (q, c, idx) as the blocks take them."""
+    V.check_embedding_pair(query_caption_emb, "query_caption_emb", caption_emb, "caption_emb")
+    n, m = query_caption_emb.shape[0], caption_emb.shape[0]
+    if image_caption_index is None and n != m:
+        raise ValueError(
+            f"without image_caption_index, row i and column i are one image-caption pair, so "
+            f"query_caption_emb and caption_emb need the same number of rows; got {n} and {m}. "
+            f"Pass image_caption_index for images with several captions")
+    if image_caption_index is not None and n != m:
+        raise ValueError(
+            f"with image_caption_index, caption ids address the rows of both query_caption_emb and "
+            f"caption_emb, which must list the same captions; got {n} and {m} rows")
+    idx = None if image_caption_index is None else _check_index(image_caption_index, m, caption_emb.device)
+    return query_caption_emb, caption_emb, idx
+
+
+def _normalised_pair(q: Tensor, q_name: str, c: Tensor, c_name: str) -> Tuple[Tensor, Tensor]:
+    q, c = _check_emb(q, q_name), _check_emb(c, c_name)
+    dtype = torch.promote_types(q.dtype, c.dtype)
+    return q.to(dtype), c.to(dtype)
+
+
 def relevance_matrix(query_caption_emb: Tensor, caption_emb: Tensor,
                      image_caption_index=None) -> Tensor:
     """RSC relevance (Listwise ITR, Eq. 7-8; docs/spec.md §4), computed in blocks on the inputs' device.
@@ -331,41 +431,55 @@ def relevance_matrix(query_caption_emb: Tensor, caption_emb: Tensor,
     Returns:
         (N, M) or (n_images, n_captions) relevance in [0, 1] (float32; float64 if either
         input is float64), on the inputs' device. t2i uses its transpose (docs/spec.md §1).
+        :func:`relevance_topk` gives each image's k best entries without this matrix.
     """
-    # structure of every argument first, then the values (docs/spec.md §1, _validation.py)
-    V.check_embedding_pair(query_caption_emb, "query_caption_emb", caption_emb, "caption_emb")
-    n, m = query_caption_emb.shape[0], caption_emb.shape[0]
-    if image_caption_index is None and n != m:
-        raise ValueError(
-            f"without image_caption_index, row i and column i are one image-caption pair, so "
-            f"query_caption_emb and caption_emb need the same number of rows; got {n} and {m}. "
-            f"Pass image_caption_index for images with several captions")
-    if image_caption_index is not None and n != m:
-        raise ValueError(
-            f"with image_caption_index, caption ids address the rows of both query_caption_emb and "
-            f"caption_emb, which must list the same captions; got {n} and {m} rows")
-    idx = None if image_caption_index is None else _check_index(image_caption_index, m, caption_emb.device)
-    q = _check_emb(query_caption_emb, "query_caption_emb")
-    c = _check_emb(caption_emb, "caption_emb")
-    dtype = torch.promote_types(q.dtype, c.dtype)
-    q, c = q.to(dtype), c.to(dtype)
-    ct = c.t()
-    if idx is None:
-        out = torch.empty(n, m, dtype=dtype, device=c.device)
-        step = max(1, _BLOCK_ELEMS // m)
-        for a in range(0, n, step):
-            out[a:a + step] = _cos_to_relevance(q[a:a + step] @ ct)
-        out.diagonal().fill_(1.0)
-        return out
-    n_img, k = idx.shape
-    out = torch.empty(n_img, m, dtype=dtype, device=c.device)
-    step = max(1, _BLOCK_ELEMS // (k * m))
-    for a in range(0, n_img, step):
-        own = q[idx[a:a + step]]                                   # (b, k, D)
-        cos = (own.reshape(-1, own.shape[-1]) @ ct).view(own.shape[0], k, m).amax(dim=1)
-        out[a:a + step] = _cos_to_relevance(cos)
-    out.scatter_(1, idx, 1.0)
+    q, c, idx = _check_rsc(query_caption_emb, caption_emb, image_caption_index)
+    q, c = _normalised_pair(q, "query_caption_emb", c, "caption_emb")
+    m = c.shape[0]
+    n = q.shape[0] if idx is None else idx.shape[0]
+    out = torch.empty(n, m, dtype=q.dtype, device=c.device)
+    for a, block in _rsc_blocks(q, c, idx, _rows_per_block(m, 1 if idx is None else idx.shape[1])):
+        out[a:a + block.shape[0]] = block.scatter_(1, _ground_truth_columns(idx, a, block.shape[0], c.device), 1.0)
     return out
+
+
+def relevance_topk(query_caption_emb: Tensor, caption_emb: Tensor, k: int, image_caption_index=None,
+                   block_size: Optional[int] = None) -> TopKRelevance:
+    """:func:`relevance_matrix` truncated to each row's (image's) k best captions, the rest 0
+    (docs/spec.md §4), as a :class:`fastrank.TopKRelevance`, computed in blocks of rows: memory
+    O(block_size * M) for a block and O(N * k) for the result, never the (N, M) matrix.
+
+    The ground-truth pairs (relevance 1) come first and all stay: a row holds
+    max(k, captions_per_image) slots (``image_caption_index``'s width; 1 for a batch of
+    pairs), the slots past k filled only by ground truth. The rest: the largest relevance
+    first, ties to the lower column; an entry of relevance 0 is not listed. With k at least
+    the width this is ``TopKRelevance.from_dense(relevance_matrix(...), k)`` wherever no other
+    entry ties with the ground truth at 1.
+
+    Args:
+        query_caption_emb, caption_emb, image_caption_index: as for :func:`relevance_matrix`.
+        k: entries kept per row (an integer >= 1; at most M are).
+        block_size: rows per block (None: as many as keep a block's product near 16M entries).
+    Returns:
+        a TopKRelevance of shape (N, M) or (n_images, n_captions), values float32 (float64 if
+        either input is float64), on the inputs' device.
+    """
+    q, c, idx = _check_rsc(query_caption_emb, caption_emb, image_caption_index)
+    k = V.check_int(k, "k")
+    width = 1 if idx is None else idx.shape[1]
+    rows = _rows_per_block(c.shape[0], width) if block_size is None else V.check_int(block_size, "block_size")
+    q, c = _normalised_pair(q, "query_caption_emb", c, "caption_emb")
+    parts = []
+    for a, block in _rsc_blocks(q, c, idx, rows):
+        gt = torch.zeros_like(block, dtype=torch.bool).scatter_(
+            1, _ground_truth_columns(idx, a, block.shape[0], c.device), True)
+        parts.append(_keep_best(block, k, gt, width))
+    return _stacked(parts, c.shape[0])
+
+
+def _stacked(parts, m: int) -> TopKRelevance:
+    """The TopKRelevance of blocks of rows given as (indices, values) pairs."""
+    return TopKRelevance(torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts]), m)
 
 
 def index_from_caption_to_image(caption_to_image: Tensor, n_images: Optional[int] = None) -> Tensor:
@@ -407,7 +521,8 @@ class BatchRelevance:
             ``device`` once, here.
         device: where to hold them (default: caption_emb's device).
 
-    ``__call__(image_ids, caption_ids) -> (B_img, B_cap)`` relevance (float32):
+    ``__call__(image_ids, caption_ids) -> (B_img, B_cap)`` relevance (float32; :meth:`topk`:
+    each row's k best entries):
 
     - with image_caption_index: row a is image ``image_ids[a]``, column b caption
       ``caption_ids[b]``; r = max over the image's captions of (1 + cos) / 2, and 1 where
@@ -463,7 +578,9 @@ class BatchRelevance:
             if int(lo) < 0 or int(hi) >= bound:
                 raise ValueError(f"{name} holds ids in [{int(lo)}, {int(hi)}], outside [0, {bound})")
 
-    def __call__(self, image_ids, caption_ids) -> Tensor:
+    def _parts(self, image_ids, caption_ids) -> Tuple[Tensor, Tensor, Optional[int]]:
+        """(relevance (B_img, B_cap) without the ground truth, the ground-truth mask, a bound on
+        its count a row, or None where only the mask knows it)."""
         # structure of both id arguments first, then their ranges
         cap = self._ids(caption_ids, "caption_ids")
         img = self._ids(image_ids, "image_ids") if self.index is not None or image_ids is not None else None
@@ -482,13 +599,32 @@ class BatchRelevance:
             q = self.emb[own.view(-1)].to(self._compute)             # (B_img * k, D)
             cos = (q @ c.t()).view(own.shape[0], own.shape[1], -1).amax(dim=1)  # (B_img, B_cap)
             gt = (own.unsqueeze(2) == cap.view(1, 1, -1)).any(dim=1)
+            per_row = own.shape[1]
         else:
             cos = c @ c.t()
             if img is None:
                 gt = torch.eye(cap.numel(), dtype=torch.bool, device=self.device)
+                per_row = 1
             else:
                 gt = img.unsqueeze(1) == img.unsqueeze(0)
-        return _cos_to_relevance(cos).masked_fill_(gt, 1.0)
+                per_row = None
+        return _cos_to_relevance(cos), gt, per_row
+
+    def __call__(self, image_ids, caption_ids) -> Tensor:
+        rel, gt, _ = self._parts(image_ids, caption_ids)
+        return rel.masked_fill_(gt, 1.0)
+
+    def topk(self, image_ids, caption_ids, k: int) -> TopKRelevance:
+        """The batch's relevance truncated to each row's k best captions, the rest 0 (module
+        docstring, "Truncation"): a :class:`fastrank.TopKRelevance` of shape (B_img, B_cap),
+        its ground-truth pairs always kept (max(k, captions_per_image) slots a row with
+        ``image_caption_index``). Without it and with ``image_ids``, the count of a row's
+        ground truth is read on the host (a synchronisation for CUDA ids)."""
+        k = V.check_int(k, "k")
+        rel, gt, per_row = self._parts(image_ids, caption_ids)
+        if per_row is None:   # the most captions of one image in the batch
+            per_row = int(gt.sum(dim=1).max())
+        return _stacked([_keep_best(rel, k, gt, per_row)], rel.shape[1])
 
 
 # -------------------------------------------------------------- relevance from a teacher
@@ -534,3 +670,22 @@ def teacher_relevance(teacher, queries: Sequence[str], documents: Sequence[str])
     documents = _check_captions(documents, "documents")
     emb = teacher_embeddings(teacher, queries + documents)
     return _cos_to_relevance(emb[:len(queries)] @ emb[len(queries):].T)
+
+
+def teacher_relevance_topk(teacher, queries: Sequence[str], documents: Sequence[str], k: int,
+                           block_size: Optional[int] = None) -> TopKRelevance:
+    """:func:`teacher_relevance` truncated to each query's k best documents, the rest 0
+    (docs/spec.md §4): a :class:`fastrank.TopKRelevance` of shape (len(queries),
+    len(documents)), float32 on the CPU. The texts are embedded once (one ``encode`` call,
+    queries first), then each block of ``block_size`` queries is scored against every
+    document and keeps its k largest (ties to the lower document): memory O(block_size *
+    n_documents) for a block, never the (n_queries, n_documents) matrix. No pair is ground
+    truth; a relevance of 0 (opposite embeddings) is not listed.
+    """
+    queries = _check_captions(queries, "queries")
+    documents = _check_captions(documents, "documents")
+    k = V.check_int(k, "k")
+    rows = _rows_per_block(len(documents)) if block_size is None else V.check_int(block_size, "block_size")
+    emb = teacher_embeddings(teacher, queries + documents)
+    q, d = emb[:len(queries)], emb[len(queries):]
+    return _stacked([_keep_best(block, k) for _, block in _rsc_blocks(q, d, None, rows)], len(documents))

@@ -13,8 +13,9 @@ tensors' device without reading them on the host (no CUDA synchronisation).
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -33,6 +34,25 @@ class Lists(NamedTuple):
         """Rows ``start .. stop - 1`` (a view: no copy, no host read)."""
         return Lists(self.offsets[start:stop + 1], self.index, self.values)
 
+    def row_of_entries(self) -> Tensor:
+        """The row of each entry of ``index`` (-1 or ``rows`` for an entry of no row here)."""
+        positions = torch.arange(self.index.numel(), device=self.index.device)
+        return torch.searchsorted(self.offsets, positions, right=True) - 1
+
+    def dense(self, start: int, stop: int, columns: int, dtype: torch.dtype, row_of: Optional[Tensor] = None) -> Tensor:
+        """Rows ``start .. stop - 1`` as a (stop - start, columns) matrix (zeros but the listed
+        entries; a bool matrix: the entries of nonzero value), made on the device without a host
+        read. ``row_of``: :meth:`row_of_entries`, when the caller keeps it for several blocks."""
+        row_of = self.row_of_entries() if row_of is None else row_of
+        rows = stop - start
+        keep = (row_of >= start) & (row_of < stop) & (self.index >= 0) & (self.index < columns)
+        dump = rows * columns
+        pos = torch.where(keep, (row_of - start) * columns + self.index, torch.full_like(self.index, dump))
+        values = self.values if dtype != torch.bool else self.values != 0
+        out = torch.zeros(dump + 1, dtype=dtype, device=self.index.device)
+        out.scatter_(0, pos, values.to(dtype))
+        return out[:dump].view(rows, columns)
+
 
 @dataclass(frozen=True)
 class TopKRelevance:
@@ -45,7 +65,8 @@ class TopKRelevance:
     num_columns: M, the number of candidates of a row (sim's second dimension).
 
     Every entry not listed has relevance 0. Build one with :meth:`from_dense` (a row's k
-    largest values) or from a teacher's scores with :func:`fastrank.relevance.topk_relevance`.
+    largest values) or from caption or teacher embeddings, in blocks, with
+    :func:`fastrank.relevance.relevance_topk` and :func:`fastrank.relevance.teacher_relevance_topk`.
     """
     indices: Tensor
     values: Tensor
@@ -107,6 +128,15 @@ class TopKRelevance:
         """Rows ``start .. stop - 1`` (views)."""
         return TopKRelevance(self.indices[start:stop], self.values[start:stop], self.num_columns)
 
+    def columns_of(self, start: int, stop: int) -> "TopKRelevance":
+        """Columns ``start .. stop - 1``: the (N, stop - start) relevance of those columns, each
+        row's other entries unused (-1); ``self`` when that is every column."""
+        if start == 0 and stop == self.num_columns:
+            return self
+        inside = (self.indices >= start) & (self.indices < stop)
+        return TopKRelevance(torch.where(inside, self.indices - start, torch.full_like(self.indices, -1)),
+                             self.values, stop - start)
+
     def to(self, *args, **kwargs) -> "TopKRelevance":
         """``values.to(...)`` (a dtype, a device or both); the indices follow a device change."""
         values = self.values.to(*args, **kwargs)
@@ -115,3 +145,9 @@ class TopKRelevance:
     def detach(self) -> "TopKRelevance":
         return TopKRelevance(self.indices, self.values.detach(), self.num_columns)
 
+
+def accepts_topk(fn: Callable) -> bool:
+    """Whether ``fn`` (a loss function) takes its ``relevance`` as a :class:`TopKRelevance`:
+    what that argument is annotated with (``smooth_ndcg_loss``, ``kendall_loss``)."""
+    hint = typing.get_type_hints(fn).get("relevance")
+    return TopKRelevance in typing.get_args(hint)

@@ -39,7 +39,10 @@ Similarity matrix and relevance (the in-batch convention):
 - ``in_batch=True`` (default): every query is ranked against all D * B documents of the
   batch. ``relevance[b, c * B + b] = labels[b, c]`` (its own documents); every other entry
   is 0 (another query's document is taken as irrelevant), or, with ``teacher=``, the
-  teacher's relevance of that document to query b;
+  teacher's relevance of that document to query b. Without a teacher the relevance is a
+  :class:`fastrank.TopKRelevance` (each query's D documents), never the (B, D * B) matrix,
+  for the losses whose op takes one (smooth-NDCG: a query's list then costs O(D * B * D),
+  not O((D * B)^2), docs/spec.md §2.1b); Smooth-AP and Kendall SW-HS take the matrix;
 - ``in_batch=False``: each query is ranked against its own D documents only: sim and
   relevance are (B, D) (``sim[b, c]`` = similarity of query b and its doc c + 1).
 
@@ -80,6 +83,7 @@ from ..ops.kendall_sw import kendall_sw_loss
 from ..ops.registry import compat_losses
 from ..ops.smooth_ap import smooth_ap_loss
 from ..ops.smooth_ndcg import smooth_ndcg_loss
+from ..topk import TopKRelevance, accepts_topk
 from .cross_encoder import CrossEncoderKendallSWLoss, CrossEncoderSmoothNDCGLoss
 
 MIN_VERSION = (3, 0)
@@ -166,6 +170,12 @@ class _Batch:
     teacher: Optional[Tensor]
 
 
+def _own_columns(B: int, D: int, device) -> Tensor:
+    """(B, D): the column of each query's own documents in the in-batch (B, D * B) matrix
+    (doc ``c + 1`` of row b is column ``c * B + b``)."""
+    return torch.arange(B, device=device).unsqueeze(1) + B * torch.arange(D, device=device)
+
+
 def _tokenizer_of(model):
     tok = getattr(model, "tokenizer", None)
     inner = getattr(tok, "tokenizer", None)  # a processor (CLIP): its text tokenizer
@@ -178,6 +188,8 @@ class _RankingLoss(nn.Module):
 
     #: whether the loss can run without graded relevance (doc_1 = the positive)
     binary_ok = False
+    #: whether ``_rank`` takes the in-batch relevance as a TopKRelevance (its op does)
+    takes_topk = False
     #: the range the labels must lie in: (lo, hi), None = unbounded side
     label_bounds: Tuple[Optional[float], Optional[float]] = (0.0, None)
 
@@ -300,8 +312,9 @@ class _RankingLoss(nn.Module):
         return teacher_relevance(self.teacher, cols[0], [t for c in cols[1:] for t in c])   # (B, D * B)
 
     # ------------------------------------------------------------------ relevance
-    def _relevance(self, batch: _Batch, dtype, device) -> Tensor:
-        """(B, D * B) with in_batch, else (B, D); see the module docstring."""
+    def _relevance(self, batch: _Batch, dtype, device):
+        """(B, D * B) with in_batch, else (B, D); see the module docstring. In-batch without a
+        teacher, for a loss that ``takes_topk``: a TopKRelevance (each query's D documents)."""
         B, D = batch.B, batch.D
         if batch.labels is not None:
             own = batch.labels
@@ -314,22 +327,20 @@ class _RankingLoss(nn.Module):
         own = own.to(device=device, dtype=dtype)
         if not self.in_batch:
             return own
+        cols = _own_columns(B, D, device)
+        if batch.teacher is None and self.takes_topk:
+            return TopKRelevance(cols, own, D * B)
         if batch.teacher is not None:
             rel = batch.teacher.to(device=device, dtype=dtype).clone()
         else:
             rel = torch.zeros(B, D * B, dtype=dtype, device=device)
-        rows = torch.arange(B, device=device)
-        for c in range(D):
-            rel[rows, c * B + rows] = own[:, c]
-        return rel
+        return rel.scatter_(1, cols, own)
 
     def _similarity(self, queries: Tensor, docs: List[Tensor]) -> Tensor:
         sim = self.similarity_fct(queries, torch.cat(docs, dim=0))      # (B, D * B)
         if self.in_batch:
             return sim
-        B = queries.shape[0]
-        idx = torch.arange(B, device=sim.device).unsqueeze(1) + B * torch.arange(len(docs), device=sim.device)
-        return sim.gather(1, idx)                                       # (B, D): [b, c] = sim[b, c*B+b]
+        return sim.gather(1, _own_columns(queries.shape[0], len(docs), sim.device))   # [b, c] = sim[b, c*B+b]
 
     # ------------------------------------------------------------------ the loss
     def _rank(self, sim: Tensor, relevance: Tensor) -> Tensor:
@@ -378,7 +389,10 @@ class SmoothNDCGLoss(_RankingLoss):
     direction="i2t")``. Labels: (B, D) graded scores >= 0 (gains 2^r - 1; e.g. in [0, 1]),
     or (B,) with one document column, or None with ``teacher=``. The value is
     ``fastrank.smooth_ndcg_loss(sim, relevance, tau, direction)`` with sim and relevance
-    as in the module docstring (mean over the queries)."""
+    as in the module docstring (mean over the queries); in-batch without a teacher the
+    relevance is a TopKRelevance, so a query costs O(D * B * D), not O((D * B)^2)."""
+
+    takes_topk = accepts_topk(smooth_ndcg_loss)
 
     def __init__(self, model, tau: float = 0.01, **kwargs):
         super().__init__(model, **kwargs)
@@ -485,8 +499,7 @@ class InBatchListwiseLoss(_RankingLoss):
         loss = F.cross_entropy(full * self.scale, target)
         if self.listwise_weight == 0:
             return loss
-        sim = full if self.in_batch else full.gather(
-            1, torch.arange(B, device=full.device).unsqueeze(1) + B * torch.arange(len(docs), device=full.device))
+        sim = full if self.in_batch else full.gather(1, _own_columns(B, len(docs), full.device))
         relevance = self.term._relevance(batch, sim.dtype, sim.device)
         return loss + self.listwise_weight * self.term._rank(sim, relevance)
 

@@ -124,12 +124,10 @@ def relevance_lists(relevance, direction: str) -> list:
 
 
 def dense_from_lists(lists, n: int, m: int) -> torch.Tensor:
-    """The (n, m) relevance matrix of an op's lists, for the one kernel that reads the matrix
-    only (smooth-NDCG's CUDA version 1, FASTRANK_CUDA_KERNELS=v1)."""
-    from ..topk import TopKRelevance
-    index, values = lists[1], lists[2]
-    k = index.numel() // max(n, 1)
-    return TopKRelevance(index.reshape(n, k), values.reshape(n, k), m).to_dense()
+    """The (n, m) relevance matrix of an op's row lists, for the one kernel that reads the
+    matrix only (smooth-NDCG's CUDA version 1, FASTRANK_CUDA_KERNELS=v1)."""
+    from ..topk import Lists
+    return Lists(*lists[0:3]).dense(0, n, m, lists[2].dtype)
 
 
 def mask_args(mask):

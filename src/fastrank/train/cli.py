@@ -42,6 +42,8 @@ _SHORTCUTS = [
     ("text_encoder", "model.text_encoder", str, "text encoder name (gru, sbert)"),
     ("embed_dim", "model.embed_dim", int, "joint embedding dimension"),
     ("relevance", "relevance.source", str, "relevance source: sbert, tfidf or none"),
+    ("relevance_topk", "relevance.topk", int, "truncate the training relevance to each image's K best "
+                                              "captions, the rest 0 (0 = the papers' dense relevance)"),
     ("epochs", "train.epochs", int, "number of epochs"),
     ("batch_size", "train.batch_size", int, "global batch size"),
     ("lr", "optim.lr", float, "learning rate"),

@@ -21,6 +21,7 @@ A TOML file has one table per section (every key optional; the defaults are belo
 
     [relevance]
     source = "sbert"                # "sbert" | "tfidf" | "none"
+    topk = 0                        # 0: dense; K: each image's K best captions, the rest 0
 
     [optim]
     lr = 5e-4
@@ -120,10 +121,17 @@ class RelevanceConfig:
         that need it are refused; no graded metrics).
     model: sentence-transformers name or path ("" = the bundled all-MiniLM-L6-v2).
     cache_dir: embedding cache directory ("" = the CaptionEncoder default).
+    topk: 0 (default) = the papers' dense relevance; K >= 1 = the training batch's relevance
+        truncated to each image's K best captions, the rest 0 (``BatchRelevance.topk``: the
+        image's own captions always kept, at relevance 1), given to the loss terms as a
+        ``fastrank.TopKRelevance``: smooth-NDCG and Kendall then cost O(B * K) a list, not
+        O(B^2) (docs/spec.md §2.1b, §4); kendall_sw and ladder, which take a matrix, get the
+        truncated relevance as one. The evaluation's graded metrics keep the dense relevance.
     """
     source: str = "sbert"
     model: str = ""
     cache_dir: str = ""
+    topk: int = 0
 
 
 @dataclass
@@ -257,6 +265,7 @@ class Config:
         """Cheap consistency checks (ValueError naming the key)."""
         from .. import _validation as V
         V.check_choice(self.relevance.source, "relevance.source", RELEVANCE_SOURCES)
+        V.check_int(self.relevance.topk, "relevance.topk", 0)
         V.check_int(self.train.epochs, "train.epochs")
         V.check_int(self.train.batch_size, "train.batch_size", 2)
         V.check_int(self.train.max_steps_per_epoch, "train.max_steps_per_epoch", 0)

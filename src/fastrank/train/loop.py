@@ -19,7 +19,9 @@ averaging gives the single-process gradient (the convention of ``fastrank.distri
 one process this is the plain loss of the batch. Positives are the pairs that share an image
 (``image_index[:, None] == image_index[None, :]``: a batch may hold two captions of one image);
 relevance (when a term needs it) is built for the global batch from the cached caption
-embeddings (see :mod:`fastrank.train.relevance_source`).
+embeddings (see :mod:`fastrank.train.relevance_source`); with ``relevance.topk = K``, each
+image's K best captions as a ``fastrank.TopKRelevance`` (smooth-NDCG and Kendall take it as
+it is, kendall_sw and ladder its matrix).
 
 Large batches. ``train.cache_chunk = C`` computes each step with gradient caching
 (:mod:`fastrank.train.grad_cache`): each rank embeds its batch C pairs at a time without a
@@ -46,13 +48,14 @@ from ..data import PrecompCollate, PrecompDataset, Vocab
 from ..distributed import LocalLoss
 from ..models import VSE
 from ..nn import CombinedLoss
+from ..topk import TopKRelevance
 from .build import DEMO_PIXELS, autocast, build_model, load_datasets, seed_everything
 from .checkpoint import CheckpointError, save_atomic
 from .config import Config
 from .cross_batch import MEMORY_TERMS, CrossBatchMemory
 from .evaluation import Evaluation, evaluate_checkpoint, format_metrics
 from .grad_cache import cached_step
-from .relevance_source import CaptionRelevance
+from .relevance_source import CaptionRelevance, takes_topk
 from .signals import STOP_SIGNALS, StopSignals, TrainingInterrupted
 from .state import CHECKPOINT_FORMAT, TrainingState, model_from_checkpoint
 
@@ -254,7 +257,9 @@ class Trainer(TrainingState, Evaluation, StopSignals):
             positives = (img_index[:, None] == img_index[None, :]).to(self.device)
             rel = None
             if any(l.needs_relevance for l, _ in terms.values()):
-                rel = self.train_rel.matrix(img_index, g).to(self.device)
+                k = self.cfg.relevance.topk
+                rel = (self.train_rel.topk(img_index, g, k) if k else self.train_rel.matrix(img_index, g))
+                rel = rel.to(self.device)
             images = batch.images.to(self.device, non_blocking=True)
             img_len = batch.image_lengths.to(self.device) if batch.image_lengths is not None else None
             caps = batch.captions.to(self.device, non_blocking=True) if torch.is_tensor(batch.captions) \
@@ -298,13 +303,21 @@ class Trainer(TrainingState, Evaluation, StopSignals):
 
     def _loss_terms(self, terms, img_emb, txt_emb, rel, positives, ids):
         """(weighted total, [term values]) of this rank's share of the global-batch loss; the
-        terms of :data:`~fastrank.train.cross_batch.MEMORY_TERMS` also rank the memory."""
+        terms of :data:`~fastrank.train.cross_batch.MEMORY_TERMS` also rank the memory. A
+        TopKRelevance ``rel`` goes as it is to the terms that take one, as its matrix to the
+        others (``relevance.topk``)."""
         total, parts = None, []
+        matrix = None   # a TopKRelevance's matrix, for the terms that take only a matrix
         for name, (local_loss, w) in terms.items():
             if self.memory is not None and name in MEMORY_TERMS:
                 v = self.memory.loss(local_loss, img_emb, txt_emb, ids, self.rank)
             else:
-                v = local_loss(img_emb, txt_emb, relevance=rel, positives=positives)
+                r = rel
+                if isinstance(rel, TopKRelevance) and local_loss.needs_relevance and not takes_topk(name):
+                    if matrix is None:
+                        matrix = rel.to_dense()
+                    r = matrix
+                v = local_loss(img_emb, txt_emb, relevance=r, positives=positives)
             parts.append(v.detach())
             total = w * v if total is None else total + w * v
         return total, parts

@@ -6,7 +6,10 @@ Every caption of a dataset is embedded once (L2-normalised); then (``fastrank.re
 
 with the ground-truth pairs (caption j is one of image i's captions) set to 1. For a
 training batch this is a (B * cpi, d) x (d, B) product (``BatchRelevance``); for an
-evaluation gallery the same in blocks of images (``relevance_matrix``).
+evaluation gallery the same in blocks of images (``relevance_matrix``). With
+``relevance.topk = K`` a training batch's relevance is truncated to each image's K best
+captions, the rest 0 (``BatchRelevance.topk``), a ``fastrank.TopKRelevance``: the terms whose
+loss takes one (:func:`takes_topk`) get it as it is, the others its matrix.
 
 Sources:
 
@@ -18,14 +21,26 @@ Sources:
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from .. import _validation as V
+from ..topk import TopKRelevance, accepts_topk
 
-__all__ = ["CaptionRelevance", "embed_captions", "make_relevance"]
+__all__ = ["CaptionRelevance", "embed_captions", "make_relevance", "takes_topk"]
+
+
+@functools.lru_cache(maxsize=None)
+def takes_topk(term: str) -> bool:
+    """Whether the CombinedLoss term ``term`` takes its relevance as a
+    :class:`fastrank.TopKRelevance` (docs/spec.md §2.1b: smooth_ndcg, kendall); the other
+    terms get the matrix."""
+    from ..ops.registry import LOSSES
+    row = LOSSES.get(term)
+    return row is not None and accepts_topk(row.functional)
 
 
 def _encode_sbert(captions: Sequence[str], model: str = "", cache_dir: str = "", device=None) -> Tensor:
@@ -102,6 +117,11 @@ class CaptionRelevance:
         image_index[a], and 1 where caption_index[b] belongs to that image
         (``fastrank.relevance.BatchRelevance``)."""
         return self._batch(image_index, caption_index)
+
+    def topk(self, image_index: Tensor, caption_index: Tensor, k: int) -> TopKRelevance:
+        """:meth:`matrix` truncated to each image's k best captions, the rest 0, the image's own
+        captions always kept (``fastrank.relevance.BatchRelevance.topk``)."""
+        return self._batch.topk(image_index, caption_index, k)
 
     def full(self) -> Tensor:
         """(n_images, n_captions) relevance of the whole dataset (evaluation;
