@@ -49,6 +49,17 @@ def time_call(call: Callable[[], None], device: torch.device) -> float:
     return time_calls(call, device, 1)
 
 
+def first_call_and_repeats(call: Callable[[], None], device: torch.device, mem, repeat_under_s: float) -> dict:
+    """A large call timed as the size cases time it: the first call, with its peak extra memory
+    (``mem``: a memory.PeakMemory), or the median of 2 more calls when it took under
+    ``repeat_under_s``. The record's fields ``first_call_s``, ``time`` and ``memory``."""
+    with mem.measure() as res:
+        first = time_call(call, device)
+    times = [first] if first >= repeat_under_s else [time_call(call, device) for _ in range(2)]
+    return {"first_call_s": first, "time": summarize(times),
+            "memory": {"peak_bytes": res.peak_bytes, "method": mem.method}}
+
+
 def summarize(times: List[float], cpu_times: Optional[List[float]] = None) -> dict:
     """median, quartiles, min and max of the repeats (and the median CPU time when given)."""
     ts = sorted(times)

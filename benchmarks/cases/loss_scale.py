@@ -36,7 +36,7 @@ import torch
 from ..case import Case, payload
 from ..memory import PeakMemory, available_bytes
 from ..results import loadavg, machine_info
-from ..timing import summarize, time_call
+from ..timing import first_call_and_repeats
 
 SIZES = {"cpu": (1024, 2048, 4096, 8192, 16384, 32768), "cuda": (4096, 16384, 32768, 65536)}
 QUICK_SIZES = (64, 128)
@@ -110,12 +110,7 @@ def measure(impl: str, n: int, k: int, device: torch.device, mem: PeakMemory) ->
     q, d, rel = inputs(n, k, device)
     run = step(impl, q, d, rel)
     rec["loadavg"] = loadavg()
-    with mem.measure() as res:
-        first = time_call(run, device)
-    times = [first] if first >= REPEAT_UNDER_S else [time_call(run, device) for _ in range(2)]
-    rec["first_call_s"] = first
-    rec["time"] = summarize(times)
-    rec["memory"] = {"peak_bytes": res.peak_bytes, "method": mem.method}
+    rec.update(first_call_and_repeats(run, device, mem, REPEAT_UNDER_S))
     return rec
 
 

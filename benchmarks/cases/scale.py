@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..case import Case, payload
 from ..memory import PeakMemory, available_bytes
 from ..results import loadavg, machine_info
-from ..timing import summarize, time_call
+from ..timing import first_call_and_repeats
 
 SIZES = {"image": (256, 512, 1024, 2048, 4096, 8192), "text": (256, 1024, 4096, 8192)}
 QUICK_SIZES = (32, 64)
@@ -154,14 +154,7 @@ def measure(tower: Tower, impl: str, b: int, mem: PeakMemory) -> dict:
     rec = _record(tower, impl, b)
     step = _step(tower, impl, b)
     rec["loadavg"] = loadavg()
-    with mem.measure() as res:
-        first = time_call(step, torch.device("cpu"))
-    times = [first]
-    if first < REPEAT_UNDER_S:
-        times = [time_call(step, torch.device("cpu")) for _ in range(2)]
-    rec["first_call_s"] = first
-    rec["time"] = summarize(times)
-    rec["memory"] = {"peak_bytes": res.peak_bytes, "method": mem.method}
+    rec.update(first_call_and_repeats(step, torch.device("cpu"), mem, REPEAT_UNDER_S))
     return rec
 
 
