@@ -25,6 +25,9 @@
 #      then smooth_ndcg forward+backward at N = 4096 alone (its large-N target), at most 60 s;
 #   8. the slate case (python -m benchmarks slate --device cuda), at most GPU_CHECK_SLATE_S
 #      (default 60) s;
+#      then the graded loss alone against the batch size (python -m benchmarks loss_scale
+#      --device cuda: every pair, the sparse path, a TopKRelevance and from the embeddings, up
+#      to n = 65,536), at most GPU_CHECK_LOSS_SCALE_S (default 60) s;
 #   9. the size sweep on the GPU (python -m benchmarks sweep --device cuda --order breadth --huge):
 #      breadth-first, every op at its small sizes, then medium, then large, so that the time
 #      limit cuts the largest sizes and never a whole op; with the time that is left.
@@ -182,6 +185,13 @@ echo "time limit: $S s (+20 s)"
 timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \
   2>&1 | tee "$OUT/slate.log"
 check 8 "${PIPESTATUS[0]}" "slate case (see slate.log)"
+
+step "8b. loss_scale: every pair, the sparse path, from the embeddings"
+L=$(clamp $(( ($(left) - 60) / 2 )) "${GPU_CHECK_LOSS_SCALE_S:-60}" 20)
+echo "time limit: $L s (+20 s)"
+timeout $(( L + 20 )) "$PY" "$ROOT/benchmarks" loss_scale --device cuda --out "$OUT" --time-limit "$L" \
+  2>&1 | tee "$OUT/loss_scale.log"
+check 8 "${PIPESTATUS[0]}" "loss_scale case (see loss_scale.log)"
 
 step "9. size sweep (breadth-first)"
 LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
