@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     const int64_t n_w = 18;
     std::vector<float> loss(2 * n + 4), aux(2 * 2 * n + 2), grad(n * n), go(1, 1.0f);
     std::vector<int32_t> idx(2 * n * n_w * 2);
-    fastrank::cpu::KendallSwForward f;
+    fastrank::KendallSwForward f;
     f.lists = {DType::f32, n, n, both, mean};
     f.rel_dt = DType::f32;
     f.sim = {sim.data(), n, 1};
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     f.loss = loss.data();
     f.idx = idx.data();
     f.aux = aux.data();
-    fastrank::cpu::KendallSwBackward b;
+    fastrank::KendallSwBackward b;
     b.lists = f.lists;
     b.sim = f.sim;
     b.idx = idx.data();

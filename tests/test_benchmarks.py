@@ -481,3 +481,15 @@ def test_a_case_whose_optional_dependency_is_missing_is_skipped_or_refused(bench
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(case, "missing", lambda: None)
     assert case.lacks() is None
+
+
+def test_the_kernel_driver_builds_against_this_checkout(bench, tmp_path):
+    """benchmarks/cpu_driver.cpp calls the CPU kernels through their parameter structs: a
+    struct renamed or moved must break this test, not turn the cpu_kernels case into skips."""
+    import shutil
+    from benchmarks.cases import cpu_kernels
+    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler")
+    exe = cpu_kernels.build(cpu_kernels.CSRC, tmp_path / "driver")
+    out = cpu_kernels.run_driver(exe, "kendall_sw", 16, 2, 2, 1)
+    assert set(out) == {"forward", "backward"} and all(len(v) == 2 and min(v) > 0 for v in out.values()), out
