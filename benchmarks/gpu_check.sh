@@ -67,6 +67,15 @@ fail() { echo "!!! step $1 failed: $2"; [ "$FAILED" -eq 0 ] && FAILED=$1; }
 check() { if [ "$2" -eq 124 ]; then echo "--- step $1 cut by its time limit: $3"; elif [ "$2" -ne 0 ]; then fail "$1" "$3"; fi; }
 left() { echo $(( BUDGET - (SECONDS - START) )); }          # seconds left of the budget
 clamp() { local v=$1; [ "$v" -gt "$2" ] && v=$2; [ "$v" -lt "$3" ] && v=$3; echo "$v"; }  # clamp V MAX MIN
+# timed_case STEP CASE MAX: one benchmark case on the GPU, limited to half the time left less 60 s
+# (at most MAX, at least 20 s; +20 s for its files), its log CASE.log
+timed_case() {
+  local t; t=$(clamp $(( ($(left) - 60) / 2 )) "$3" 20)
+  echo "time limit: $t s (+20 s)"
+  timeout $(( t + 20 )) "$PY" "$ROOT/benchmarks" "$2" --device cuda --out "$OUT" --time-limit "$t" \
+    2>&1 | tee "$OUT/$2.log"
+  check "$1" "${PIPESTATUS[0]}" "$2 case (see $2.log)"
+}
 
 step "1. machine and tools"
 date -u
@@ -180,18 +189,10 @@ timeout 60 "$PY" "$ROOT/benchmarks" sweep --device cuda --out "$OUT" --time-limi
 check 7 "${PIPESTATUS[0]}" "smooth_ndcg N = 4096 (see ndcg-4096.log)"
 
 step "8. slate case"
-S=$(clamp $(( ($(left) - 60) / 2 )) "$SLATE_S" 20)
-echo "time limit: $S s (+20 s)"
-timeout $(( S + 20 )) "$PY" "$ROOT/benchmarks" slate --device cuda --out "$OUT" --time-limit "$S" \
-  2>&1 | tee "$OUT/slate.log"
-check 8 "${PIPESTATUS[0]}" "slate case (see slate.log)"
+timed_case 8 slate "$SLATE_S"
 
 step "8b. loss_scale: every pair, the sparse path, from the embeddings"
-L=$(clamp $(( ($(left) - 60) / 2 )) "${GPU_CHECK_LOSS_SCALE_S:-60}" 20)
-echo "time limit: $L s (+20 s)"
-timeout $(( L + 20 )) "$PY" "$ROOT/benchmarks" loss_scale --device cuda --out "$OUT" --time-limit "$L" \
-  2>&1 | tee "$OUT/loss_scale.log"
-check 8 "${PIPESTATUS[0]}" "loss_scale case (see loss_scale.log)"
+timed_case 8 loss_scale "${GPU_CHECK_LOSS_SCALE_S:-60}"
 
 step "9. size sweep (breadth-first)"
 LEFT=$(( $(left) - 60 ))   # 60 s for the --huge case, plots and files
