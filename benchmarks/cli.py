@@ -177,8 +177,9 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
     stems = {}
     with A.usage_errors(PROG):
         names = check(args, CASES)
-        if len(names) == 1 and CASES[names[0]].lacks():
-            raise A.UsageError(f"{names[0]} needs {CASES[names[0]].lacks()}")
+        lacks = CASES[names[0]].lacks() if len(names) == 1 else None
+        if lacks:
+            raise A.UsageError(f"{names[0]} needs {lacks}")
         for name in names:   # a committed result is never replaced unnoticed
             stems[name] = results.stem(device, name, tag)
             target = args.out / (stems[name] + ".json")
@@ -202,8 +203,9 @@ def run_each(names, argv, args, device, launcher, cases) -> int:
         if args.threads is None and device.type == "cpu" and cases[name].cpu_threads:
             extra = ["--threads", str(cases[name].cpu_threads)]
         print(f"\n=== {name}: {cases[name].about}", flush=True)
-        if cases[name].lacks():   # an optional dependency not installed: not a failure of the run
-            print(f"=== {name}: skipped, it needs {cases[name].lacks()}", flush=True)
+        lacks = cases[name].lacks()
+        if lacks:   # an optional dependency not installed: not a failure of the run
+            print(f"=== {name}: skipped, it needs {lacks}", flush=True)
             continue
         t = time.monotonic()
         rc = subprocess.run(launcher + [name] + rest + extra).returncode
