@@ -1,7 +1,7 @@
 // simt.cpp: the SIMT emulator's runtime (see simt.h for what it emulates and checks).
 //
-// Memory plan: one fiber per thread of the running block (ucontext, 256 KiB stacks from
-// mmap with a guard page below, reused from block to block); `__shared__` variables are
+// Memory plan: one fiber per thread of the running block (256 KiB stacks from mmap with a
+// guard page below, reused from block to block); `__shared__` variables are
 // statics in the section simt_shared, found with their owners in the module's ELF symbol
 // table; nothing else is allocated per launch. Blocks run one at a time on the calling OS
 // thread; a mutex serialises launches from different threads (the bindings release the GIL).
@@ -15,8 +15,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <ucontext.h>
 #include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #include <algorithm>
 #include <cfloat>
@@ -251,10 +253,90 @@ KernelInfo& kernel_info(const void* kernel) {
 }
 
 // ---- fibers ------------------------------------------------------------------------------------
+// A fiber switch is the emulator's inner loop: every __syncthreads() and warp collective is a
+// round trip per thread. On x86-64 it is the few instructions below (the callee-saved registers
+// and the floating-point control words on the old stack, the stack pointer swapped). ucontext's
+// swapcontext, the fallback elsewhere, costs two sigprocmask system calls a switch, and under
+// AddressSanitizer its interceptor clears the shadow of the whole target stack (32 KiB) at every
+// switch, which also erased the redzones of the frames live on it.
+#if defined(__x86_64__)
+extern "C" void simt_switch_stack(void** save_sp, void* to_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl simt_switch_stack
+  .hidden simt_switch_stack
+  .type simt_switch_stack, @function
+simt_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size simt_switch_stack, .-simt_switch_stack
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+
+// A context that starts entry() on [stack, stack + size): the frame simt_switch_stack pops
+// (control words, six registers), then entry's address for its `ret`, then a null return address,
+// so entry begins with the stack aligned as after a call.
+void make_context(Context& c, void* stack, size_t size, void (*entry)()) {
+  auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15));
+  uint32_t control[2];
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
+  *--top = 0;                                   // entry's return address: it never returns
+  *--top = reinterpret_cast<uint64_t>(entry);   // popped by the `ret`
+  for (int i = 0; i < 6; ++i) *--top = 0;       // rbp, rbx, r12-r15
+  *--top = uint64_t(control[0]) | uint64_t(control[1] & 0xffff) << 32;
+  c.sp = top;
+}
+void swap_context(Context& from, const Context& to) { simt_switch_stack(&from.sp, to.sp); }
+[[noreturn]] void jump_context(const Context& to) {
+  void* discard;
+  simt_switch_stack(&discard, to.sp);
+  __builtin_unreachable();
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+void make_context(Context& c, void* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void swap_context(Context& from, const Context& to) { swapcontext(&from.uc, &to.uc); }
+[[noreturn]] void jump_context(const Context& to) {
+  setcontext(&to.uc);
+  __builtin_unreachable();
+}
+#endif
+
 enum class State { kRunnable, kBarrier, kWarp, kDone };
 
 struct Thread {
-  ucontext_t ctx;
+  Context ctx;
   void* stack = nullptr;  // the usable stack (a guard page lies below it)
   bool started = false;
   State state = State::kRunnable;
@@ -277,7 +359,7 @@ struct Run {
   int n_threads = 0;
   std::vector<Thread> threads;
   Thread* current = nullptr;
-  ucontext_t scheduler;
+  Context scheduler;
   const void* scheduler_stack = nullptr;
   size_t scheduler_stack_size = 0;
   std::string failure;  // set by a thread or the scheduler: the launch fails
@@ -292,21 +374,27 @@ void* new_stack() {
   return static_cast<char*>(p) + page;
 }
 
-std::vector<void*>& stack_pool() {
-  static std::vector<void*> pool;
+// The fiber stacks, reused by every launch. `clean`: every fiber that ran on them returned, so
+// the frames below its two outermost ones (fiber_main, switch_to_scheduler, at the top) have
+// returned too and left no redzone poisoned; a failed launch leaves fibers stopped mid-kernel,
+// and the next launch unpoisons their stacks whole.
+struct StackPool {
+  std::vector<void*> stacks;
+  bool clean = true;
+};
+StackPool& stack_pool() {
+  static StackPool pool;
   return pool;
 }
+constexpr size_t kStackTopBytes = 16 * 1024;  // holds the outermost frames of a fiber that returned
 
 void switch_to_scheduler(Thread* t, bool dying) {
 #if SIMT_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(dying ? nullptr : &fake, g_run->scheduler_stack, g_run->scheduler_stack_size);
 #endif
-  if (dying) {
-    setcontext(&g_run->scheduler);
-  } else {
-    swapcontext(&t->ctx, &g_run->scheduler);
-  }
+  if (dying) jump_context(g_run->scheduler);
+  swap_context(t->ctx, g_run->scheduler);
 #if SIMT_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -327,20 +415,17 @@ void resume(Run& r, Thread& t) {
   if (!t.started) {
     t.started = true;
 #if SIMT_ASAN
-    __asan_unpoison_memory_region(t.stack, kStackBytes);  // left-over redzones of an earlier fiber
+    // left-over redzones of the outermost frames of the fiber that ran here last
+    __asan_unpoison_memory_region(static_cast<char*>(t.stack) + kStackBytes - kStackTopBytes, kStackTopBytes);
 #endif
-    getcontext(&t.ctx);
-    t.ctx.uc_stack.ss_sp = t.stack;
-    t.ctx.uc_stack.ss_size = kStackBytes;
-    t.ctx.uc_link = nullptr;
-    makecontext(&t.ctx, fiber_main, 0);
+    make_context(t.ctx, t.stack, kStackBytes, fiber_main);
   }
   r.current = &t;
 #if SIMT_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, t.stack, kStackBytes);
 #endif
-  swapcontext(&r.scheduler, &t.ctx);
+  swap_context(r.scheduler, t.ctx);
 #if SIMT_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -661,15 +746,20 @@ int run_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, c
   r.block = block;
   r.n_threads = static_cast<int>(threads);
   r.threads.resize(static_cast<size_t>(threads));
-  auto& pool = stack_pool();
-  while (pool.size() < static_cast<size_t>(threads)) {
+  StackPool& pool = stack_pool();
+  while (pool.stacks.size() < static_cast<size_t>(threads)) {
     void* s = new_stack();
     if (s == nullptr) return fail(cudaErrorMemoryAllocation, "cannot allocate fiber stacks");
-    pool.push_back(s);
+    pool.stacks.push_back(s);
   }
+#if SIMT_ASAN
+  if (!pool.clean)
+    for (void* s : pool.stacks) __asan_unpoison_memory_region(s, kStackBytes);
+#endif
+  pool.clean = true;
   for (int i = 0; i < r.n_threads; ++i) {
     Thread& t = r.threads[static_cast<size_t>(i)];
-    t.stack = pool[static_cast<size_t>(i)];
+    t.stack = pool.stacks[static_cast<size_t>(i)];
     t.linear = i;
     t.idx = uint3{static_cast<unsigned>(i % block.x), static_cast<unsigned>(i / block.x % block.y),
                   static_cast<unsigned>(i / (block.x * block.y))};
@@ -688,7 +778,10 @@ int run_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, c
     }
   }
   g_run = saved;
-  if (!ok) return fail(cudaErrorLaunchFailure, who + r.failure);
+  if (!ok) {
+    pool.clean = false;  // fibers stopped mid-kernel: their frames' redzones are still poisoned
+    return fail(cudaErrorLaunchFailure, who + r.failure);
+  }
   return 0;
 }
 
