@@ -86,6 +86,9 @@ def parser(case_names=()) -> argparse.ArgumentParser:
     g.add_argument("--before", type=A.existing_dir, default=None, metavar="DIR",
                    help="percall, isa: also time the native step of the fastrank checkout DIR (built in place) "
                         "beside this one")
+    g.add_argument("--sweep-sizes", action="store_true",
+                   help="percall: at the sweep case's sizes for the device instead of the training batches "
+                        "(with --before: the sweep's before / after, a step at a time)")
     g = p.add_argument_group("metrics")
     g.add_argument("--n-images", type=A.positive_int, default=None, help="images (captions: 5x); default 5000")
     g = p.add_argument_group("scale")

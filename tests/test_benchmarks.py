@@ -437,6 +437,17 @@ def test_percall_plan_keeps_the_sizes_between_min_n_and_max_n(bench):
     assert {size["n"] for _, _, size in percall.plan(ops, ["native"], False, min_n=8)} == {8, 128, 512}
 
 
+def test_percall_at_the_sweep_sizes_takes_the_sweep_cases_sizes_for_the_device(bench):
+    """--sweep-sizes: the before / after of the sweep's sizes, a step at a time."""
+    from benchmarks.cases import percall
+    op = bench.ops.OPS["smooth_ndcg"]
+    for device in ("cpu", "cuda"):
+        got = [size for _, _, size in percall.plan([op], ["after"], False, sweep_sizes=device)]
+        assert got == op.sizes[device] and got != list(op.percall_sizes)
+    got = [size["n"] for _, _, size in percall.plan([op], ["after"], False, min_n=512, max_n=1024, sweep_sizes="cpu")]
+    assert got == [512, 1024]
+
+
 def test_percall_times_another_checkout_beside_this_one(bench, tmp_path):
     """--before DIR: the same step on the same inputs in child processes, with fastrank imported
     from DIR (here a copy of the fastrank in use, so both run the same code) and from this

@@ -135,6 +135,7 @@ BAD = {
         "--sample-time": "0",
         "--case-time": "inf",
         "--before": "{missing}",
+        "--sweep-sizes": FLAG,
         "--n-images": "0",
         "--chunk": "0",
         "--towers": ["scale", "--towers", "minilm"],

@@ -8,7 +8,8 @@ where fixed costs (validation, dispatch, launches, host syncs, Python) dominate 
 One step is ``sim.grad = None; loss(sim, relevance).backward()``, float32,
 direction="both", reduction="mean", for every op of ops.py with ``percall_sizes``
 (smooth_ndcg, kendall, kendall_sw at N = M = 4, 8, 128, 512; fast_rerank at 100 x 500 and
-1000 x 5000, its scalar ``i2t.sum() + t2i.sum()``). Columns:
+1000 x 5000, its scalar ``i2t.sum() + t2i.sum()``); with ``--sweep-sizes`` at the sweep case's
+sizes instead (``--sweep-sizes --before DIR``: the sweep's before / after). Columns:
 
 - ``native``: the public function, ``impl="native"``, eager;
 - ``reference``: ``impl="reference"``, eager PyTorch;
@@ -310,11 +311,17 @@ def run_one(op: Op, impl: str, size: dict, device, dtype, st: Settings, compiled
     return rec
 
 
-def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None, min_n: Optional[int] = None):
+def plan(ops: List[Op], columns, quick: bool, max_n: Optional[int] = None, min_n: Optional[int] = None,
+         sweep_sizes: Optional[str] = None):
     """(op, impl, size): breadth-first (every op's smallest size first), the cheap columns
-    of every size before any torch.compile (a time limit cuts compilations first)."""
-    sizes = {op.name: op.within(op.percall_quick_sizes if quick else op.percall_sizes, min_n, max_n)
-             for op in ops}
+    of every size before any torch.compile (a time limit cuts compilations first). With
+    ``sweep_sizes`` (a device type) at the sweep case's sizes for it, not the training batches."""
+    def candidates(op):
+        if sweep_sizes:
+            return op.sizes["quick" if quick else sweep_sizes]
+        return op.percall_quick_sizes if quick else op.percall_sizes
+
+    sizes = {op.name: op.within(candidates(op), min_n, max_n) for op in ops}
     rounds = max((len(v) for v in sizes.values()), default=0)
     out = []
     for phase in (("native", "before", "after", "trivial", "cuda_graph", "reference"), ("compiled",)):
@@ -362,7 +369,8 @@ def run(args, device, save):
         st.deadline = time.monotonic() + args.time_limit
         compiled.longest_compile_s = min(30.0, 0.2 * args.time_limit)   # a guess, before one is measured
     run_columns = [c for c in columns if not (args.quick and c == "compiled")]
-    cases = plan(ops, run_columns, args.quick, args.max_n, args.min_n)
+    cases = plan(ops, run_columns, args.quick, args.max_n, args.min_n,
+                 sweep_sizes=device.type if args.sweep_sizes else None)
 
     machine = machine_info(device)
     threads = {"torch": torch.get_num_threads(), "fastrank_openmp": fastrank.backends().get("cpu_openmp_threads")}
@@ -378,7 +386,7 @@ def run(args, device, save):
     conf = {"quick": args.quick, "ops": [op.name for op in ops], "columns": columns, "dtype": args.dtype,
             "threads": threads, "sample_s": st.sample_s, "samples": st.samples, "min_samples": st.min_samples,
             "case_s": st.case_s, "time_limit_s": args.time_limit, "max_n": args.max_n, "min_n": args.min_n,
-            "direction": "both", "reduction": "mean",
+            "direction": "both", "reduction": "mean", "sweep_sizes": args.sweep_sizes,
             "before": before_tree_info(before) if before is not None else None,
             "compile": "torch.compile(reference step, fullgraph=True, dynamic=False), default mode"}
     report = {"baselines": {op.name: "reference" for op in ops}, "ratios": RATIOS,
