@@ -2,7 +2,7 @@
 real human judgments.
 
     python -m benchmarks quality                 # the default setting: <= 30 min on 2 cores
-    python -m benchmarks quality --full          # the full setting: 5 splits, 4 list lengths, the search (~4 h)
+    python -m benchmarks quality --full          # the full setting: Lee, 5 splits, 4 list lengths, the search (~4.5 h)
     python -m benchmarks quality --full --resume # go on with a full run that was cut (its job log)
     python -m benchmarks quality --quick         # 1 split, 1 step, 16 tokens, few test items (the smoke run)
 
@@ -17,8 +17,9 @@ is ever seen in training, and the hyper-parameters are chosen on the train half 
 **List length is the axis.** On Lee each bi-encoder step holds K documents, each ranking the
 other K - 1 (K in ``lengths``: 3, 6, 12, 25 in the full setting; 25 is the whole train half, every
 step); the pair losses see all K (K - 1) ordered pairs of the same K documents (the same texts
-per step). Cross-encoder steps on Lee: one query and ``ce_list`` documents (12). SimLex: 8
-anchors with 2 rated partners each (its lists hold 2), both kinds. Documents are cut to 128
+per step). Cross-encoder steps on Lee: one query and ``ce_list`` documents (12), on the first
+``ce_splits`` splits. SimLex (default and quick settings only): 8 anchors with 2 rated partners
+each (its lists hold 2: a pairwise control, no list to rank), both kinds. Documents are cut to 128
 tokens (the bi-encoder's ``max_seq_length``; 10 % of the Lee documents are longer, at most 154
 tokens: their ends are cut), a cross-encoder's (query, document) pair to 256.
 
@@ -39,13 +40,18 @@ input format:
 
 - fastrank ``SmoothNDCGLoss``, ``KendallSWLoss`` (``in_batch=False``: each anchor ranks its own
   D partners): the columns (anchor, partner_1..D), labels (B, D);
-- sentence-transformers ``CoSENTLoss``, ``AnglELoss``, ``CosineSimilarityLoss``: the B * D
-  (anchor, partner, rating) pairs;
-- ``CoSENT + fastrank SmoothNDCGLoss`` and ``CosineSimilarity + fastrank SmoothNDCGLoss``: the
-  sum of the two on the same batch (the listwise term's ``tau`` is the one searched);
+- sentence-transformers ``CoSENTLoss``, ``CosineSimilarityLoss``: the B * D (anchor, partner,
+  rating) pairs;
+- ``CosineSimilarity + fastrank SmoothNDCGLoss``: the sum of the two on the same batch (the
+  regression's calibration plus the listwise term's top of the list; its ``tau`` is the one
+  searched);
 - cross-encoders (fastrank ``CrossEncoderSmoothNDCGLoss``, ``CrossEncoderKendallSWLoss``;
   sentence-transformers ``LambdaLoss``, ``ListNetLoss``, ``ListMLELoss``, ``RankNetLoss``):
   (anchor, [partners]), labels.
+
+Rows no longer run: AnglELoss (CoSENT's angle variant: last or tied last of the pair losses on
+every metric in the run of 2026-11-26) and CoSENT + SmoothNDCGLoss (CoSENT's scale of 20 makes
+the sum CoSENT again: +0.002 ± 0.001 Spearman at K = 25): each would add a sixth to the search.
 
 Each unique text of a batch is embedded once per step (bi-encoders). Metrics on the test half,
 per split: NDCG@10 (gains 2^r - 1; each item's list of rated partners, lists of >= 2), the
@@ -78,17 +84,21 @@ from ..timing import summarize
 
 #: the settings, fixed in advance (never chosen on a test half). lengths: documents per Lee
 #: bi-encoder step (each ranks the other K - 1); ce_list: documents per cross-encoder query
-#: (Lee); simlex_b, simlex_d: anchors per step and partners per anchor; search: whether the
-#: learning rate and parameters are searched (quality_search.py) or fixed (FIXED_LR, defaults).
+#: (Lee); ce_splits: the splits the cross-encoders train on (the first ones; each cross-encoder
+#: job costs about two K = 25 bi-encoder jobs); datasets: Lee (graded lists of up to 49) and
+#: SimLex-999 (lists of 2: a pairwise control, not a listwise test); simlex_b, simlex_d: SimLex
+#: anchors per step and partners per anchor; search: whether the learning rate and parameters
+#: are searched (quality_search.py) or fixed (FIXED_LR, defaults).
 SETTINGS = {
-    "quick": dict(splits=1, steps=1, ce_steps=1, lengths=(3, 4), bi_tokens=16, ce_tokens=16, ce_list=3, simlex_b=4,
-                  simlex_d=2, max_test_items=8, search=True),
+    "quick": dict(splits=1, steps=1, ce_steps=1, lengths=(3, 4), bi_tokens=16, ce_tokens=16, ce_list=3, ce_splits=1,
+                  datasets=("Lee", "SimLex-999"), simlex_b=4, simlex_d=2, max_test_items=8, search=True),
     # about 25 min with 2 workers on this 2-core machine when it is otherwise idle
     "default": dict(splits=2, steps=20, ce_steps=10, lengths=(6, 25), bi_tokens=128, ce_tokens=256, ce_list=12,
-                    simlex_b=8, simlex_d=2, max_test_items=None, search=False),
-    # about 4 h with 2 workers (the search is half of it)
+                    ce_splits=2, datasets=("Lee", "SimLex-999"), simlex_b=8, simlex_d=2, max_test_items=None,
+                    search=False),
+    # Lee only, about 4.5 h with 2 workers (the search is half of it; --resume goes on with a cut run)
     "full": dict(splits=5, steps=20, ce_steps=20, lengths=(3, 6, 12, 25), bi_tokens=128, ce_tokens=256, ce_list=12,
-                 simlex_b=8, simlex_d=2, max_test_items=None, search=True),
+                 ce_splits=3, datasets=("Lee",), simlex_b=8, simlex_d=2, max_test_items=None, search=True),
 }
 #: the learning rate where nothing is searched (the default setting's bi-encoders), and the
 #: cross-encoders' (never searched); the quick setting searches the first of S.LRS and of S.FACTORS only
@@ -141,11 +151,9 @@ def _bi_losses() -> Dict[str, tuple]:
     return {
         "fastrank SmoothNDCGLoss": (cols_loss(fst.SmoothNDCGLoss), fst.SmoothNDCGLoss, ("tau",)),
         "fastrank KendallSWLoss": (cols_loss(fst.KendallSWLoss), fst.KendallSWLoss, ("alpha", "beta")),
-        "CoSENT + fastrank SmoothNDCGLoss": (plus_ndcg(st.CoSENTLoss), fst.SmoothNDCGLoss, ("tau",)),
         "CosineSimilarity + fastrank SmoothNDCGLoss": (plus_ndcg(st.CosineSimilarityLoss), fst.SmoothNDCGLoss,
                                                        ("tau",)),
         "ST CoSENTLoss": (pair_loss(st.CoSENTLoss), st.CoSENTLoss, ("scale",)),
-        "ST AnglELoss": (pair_loss(st.AnglELoss), st.AnglELoss, ("scale",)),
         "ST CosineSimilarityLoss": (pair_loss(st.CosineSimilarityLoss), st.CosineSimilarityLoss, ()),
     }
 
@@ -172,12 +180,11 @@ def defaults(label: str) -> Dict[str, float]:
     return {n: float(sig[n].default) for n in names}
 
 
-BI_ROWS = ("zero-shot", "fastrank SmoothNDCGLoss", "fastrank KendallSWLoss", "CoSENT + fastrank SmoothNDCGLoss",
-           "CosineSimilarity + fastrank SmoothNDCGLoss", "ST CoSENTLoss", "ST AnglELoss", "ST CosineSimilarityLoss")
+BI_ROWS = ("zero-shot", "fastrank SmoothNDCGLoss", "fastrank KendallSWLoss", "CosineSimilarity + fastrank SmoothNDCGLoss",
+           "ST CoSENTLoss", "ST CosineSimilarityLoss")
 CE_ROWS = ("fastrank CrossEncoderSmoothNDCGLoss", "fastrank CrossEncoderKendallSWLoss", "ST LambdaLoss",
            "ST ListNetLoss", "ST ListMLELoss", "ST RankNetLoss")
 ROWS = {BI: BI_ROWS, CE: CE_ROWS}
-DATASETS = ("Lee", "SimLex-999")
 
 
 # ------------------------------------------------------------------ the batches
@@ -375,7 +382,8 @@ def configuration(args) -> dict:
     search = setting.pop("search")
     lrs = (QUICK_LRS if name == "quick" else S.LRS) if search else ()
     factors = (S.FACTORS[:1] if name == "quick" else S.FACTORS) if search else ()
-    return {"setting": name, **setting, "lengths": list(setting["lengths"]), "lrs": list(lrs),
+    return {"setting": name, **setting, "lengths": list(setting["lengths"]), "datasets": list(setting["datasets"]),
+            "lrs": list(lrs),
             "factors": list(factors), "inner_val": S.INNER_VAL if search else None,
             "fixed_lr": None if search else FIXED_LR, "ce_lr": CE_LR, "optimizer": "AdamW (torch defaults but lr)",
             "seed": SEED}
@@ -390,9 +398,9 @@ def op_name(dataset: str, kind: str, k: Optional[int], conf: dict) -> str:
 
 def eval_groups(conf: dict) -> List[tuple]:
     """(data set, model kind, k) of every group of rows: k the documents per Lee bi-encoder step,
-    per Lee cross-encoder query; None for SimLex (its anchors and partners)."""
+    per Lee cross-encoder query; None for SimLex (its anchors and partners), when the setting has it."""
     return ([("Lee", BI, k) for k in conf["lengths"]] + [("Lee", CE, conf["ce_list"])]
-            + [("SimLex-999", BI, None), ("SimLex-999", CE, None)])
+            + ([("SimLex-999", BI, None), ("SimLex-999", CE, None)] if "SimLex-999" in conf["datasets"] else []))
 
 
 def make_job(conf: dict, stage: str, dataset: str, kind: str, k: Optional[int], loss: str, split: int,
@@ -431,7 +439,7 @@ def split_halves(conf: dict, data: Dict[str, J.Judgments]) -> Dict[tuple, tuple]
     """(split, data set) -> (train items, evaluated test items: the test half, capped in the quick setting)."""
     out = {}
     for s in range(conf["splits"]):
-        for d in DATASETS:
+        for d in conf["datasets"]:
             train, test = data[d].split(SEED + s)
             out[(s, d)] = (train, test[:conf["max_test_items"]] if conf["max_test_items"] else test)
     return out
@@ -457,8 +465,9 @@ def unsearched_jobs(conf: dict, halves: Dict[tuple, tuple]) -> List[dict]:
     out = []
     for (s, d), (train, test) in halves.items():
         out.append(make_job(conf, "eval", d, BI, None, "zero-shot", s, train, test, None, None))
-        k_ce = conf["ce_list"] if d == "Lee" else None
-        out += [make_job(conf, "eval", d, CE, k_ce, loss, s, train, test, CE_LR, None) for loss in CE_ROWS]
+        if s < conf["ce_splits"]:
+            k_ce = conf["ce_list"] if d == "Lee" else None
+            out += [make_job(conf, "eval", d, CE, k_ce, loss, s, train, test, CE_LR, None) for loss in CE_ROWS]
     return out + ([] if conf["lrs"] else bi_eval_jobs(conf, halves))
 
 
@@ -634,7 +643,9 @@ def _payload(args, device, records, machine, t0, conf, chosen, complete=True):
                          f"{', '.join(map(str, conf['lengths']))} documents per step (each ranks the other K - 1), "
                          f"{conf['steps']} steps, {conf['bi_tokens']} tokens per text; cross-encoder: one query "
                          f"and {conf['ce_list']} documents per step, {conf['ce_steps']} steps, {conf['ce_tokens']} "
-                         f"tokens per pair; SimLex: {conf['simlex_b']} words x {conf['simlex_d']} rated partners"
+                         f"tokens per pair, on the first {conf['ce_splits']} split(s)"
+                         + (f"; SimLex: {conf['simlex_b']} words x {conf['simlex_d']} rated partners"
+                            if "SimLex-999" in conf["datasets"] else "; Lee only (SimLex's lists of 2: the default setting)")
                          + (f"; test items capped at {conf['max_test_items']}" if conf["max_test_items"] else ""),
                          search,
                          "every loss of a group (data set, model kind, list length) trains on the same batches "
