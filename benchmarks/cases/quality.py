@@ -580,7 +580,7 @@ def run(args, device, save):
     trials: Dict[tuple, List[dict]] = {}
     if searched:
         stage1 = [j for (s, d), (train, _) in halves.items() for j in search_jobs(conf, data[d], s, train, "lr")]
-        done = go(stage1 + fixed)
+        done = go(stage1)        # the search first: the unsearched jobs wait for the last stage
         for j in stage1:
             trials.setdefault((j["split"], j["dataset"], j["loss"]), []).append({**_trial(j), **done[j["key"]]})
         lr_of = {key: S.best(ts)["lr"] for key, ts in trials.items()}
@@ -594,7 +594,7 @@ def run(args, device, save):
             top = S.choose(ts)
             chosen[key] = {"lr": top["lr"], "params": top["params"]}
         final = bi_eval_jobs(conf, halves, chosen)
-        go(final)
+        go(final + fixed)
         evals = final + fixed
     else:
         go(fixed)
