@@ -5,14 +5,15 @@ again (``inner_split``: a seeded permutation, ``INNER_VAL`` of them held out), t
 inner train items at the longest list they allow, scores on the inner held-out items' pairs and
 keeps the best trial. Every loss gets the same two-stage budget:
 
-1. the learning rate: each of ``LRS``, the loss at its library's defaults;
-2. the loss's own parameters at that learning rate: the default times each of ``FACTORS`` (a
+1. the learning rate: each of ``LRS``, the loss at its grid's centre (cases/quality.py
+   ``GRID_CENTRE``: its library's defaults on the day the search was fixed);
+2. the loss's own parameters at that learning rate: the centre times each of ``FACTORS`` (a
    temperature, scale, or Kendall SW-HS's window width and stride together); a loss without
    one (CosineSimilarityLoss) has no second stage.
 
 A trial's score is the mean of the inner held-out Spearman's rho and NDCG@10 (the case's two
-headline metrics; a missing one counts as -inf); on a tie the earlier trial wins (the defaults
-come first). The chosen values are reported per split; the test half is never an argument here.
+headline metrics; a missing one counts as -inf); on a tie the earlier trial wins (the centre
+comes first). The chosen values are reported per split; the test half is never an argument here.
 """
 from __future__ import annotations
 
