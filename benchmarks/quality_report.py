@@ -113,6 +113,43 @@ def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optiona
     return "\n".join(lines)
 
 
+def verdict(d: dict) -> str:
+    """The case's rule on a paired difference (mean ± std over the splits): a *win* or a *loss*
+    only when the mean is more than twice the spread away from zero (the splits agree, with
+    room), else a *tie*; fewer than two splits decide nothing."""
+    if not d or d.get("mean") is None:
+        return "n/a"
+    if d.get("n", 0) < 2 or abs(d["mean"]) <= 2 * d["std"]:
+        return "tie"
+    return "**win**" if d["mean"] > 0 else "**lose**"
+
+
+def verdict_table(payload: dict, columns: List[str], rows: Optional[List[str]] = None) -> str:
+    """Win / tie / lose at each list length: a row per (loss, K) of the Lee bi-encoder groups
+    (``rows``: the losses, default every one but zero-shot and the references), a column per
+    difference token (``<metric>:diff:<reference row>``), each cell the verdict and the paired
+    difference it rests on."""
+    recs = [r for r in payload["results"] if r["status"] == "ok" and r.get("k") and r["kind"] == "bi-encoder"
+            and r["op_dataset"] == "Lee"]
+    by = {(r["op"], r["impl"]): r for r in recs}
+    tokens = [_parse(c, reference("bi-encoder")) for c in columns]
+    if any(kind != "diff" for _, kind, _ in tokens):
+        raise ValueError(f"a verdict column is a difference (<metric>:diff:<row>): {columns}")
+    refs = {ref for _, _, ref in tokens}
+    names = rows or [n for n in OrderedDict.fromkeys(r["impl"] for r in recs) if n != "zero-shot" and n not in refs]
+    head = ["loss", "K"] + [f"Δ {METRIC[name][1]} vs {ref.replace('ST ', '')}" for name, _, ref in tokens]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name in names:
+        for r in sorted((r for r in recs if r["impl"] == name), key=lambda r: r["k"]):
+            cells = []
+            for metric, _, ref in tokens:
+                other = by.get((r["op"], ref))
+                d = paired_diff(r, other, METRIC[metric][0]) if other else {}
+                cells.append(f"{verdict(d)} {_pm(d, signed=True)}" if d else "n/a")
+            lines.append("| " + " | ".join([name, str(r["k"])] + cells) + " |")
+    return "\n".join(lines)
+
+
 def select(payload: dict, ops: Optional[List[str]] = None) -> List[dict]:
     return [r for r in payload["results"] if ops is None or r["op"] in ops]
 

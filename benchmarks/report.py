@@ -14,8 +14,9 @@
   The path is relative to the markdown file. Keys: ``columns`` (tables.py's tokens),
   ``ops``, ``modes``, ``max_n``, ``min_n``, ``row_label`` and ``op_label`` (the size and
   op columns' titles); ``layout=quality`` (with ``ref``) for a training-quality result
-  (quality_report.py); ``layout=isa`` (no ``columns``) for the CPU-level table that
-  cases/isa.py renders into its result.
+  (quality_report.py), ``layout=quality-verdicts`` (``columns`` of differences, ``rows`` the
+  losses) for its win / tie / lose table per list length; ``layout=isa`` (no ``columns``) for
+  the CPU-level table that cases/isa.py renders into its result.
 
 ``--check`` writes nothing and exits 1 when a markdown file (a result's ``.md`` or a
 README or docs/ table) is not what its JSON gives (tests/test_benchmarks.py checks the README and docs/).
@@ -71,6 +72,9 @@ def render_block(spec: dict, base: Path) -> str:
     path = (base / spec["file"]).resolve()
     payload = load(path)
     rel = os.path.relpath(path, base)
+    if spec.get("layout") == "quality-verdicts":   # quality_report.py: win / tie / lose per list length
+        return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
+                + quality_report.verdict_table(payload, _csv(spec["columns"]), _csv(spec.get("rows"))) + "\n")
     if spec.get("layout") == "quality":   # quality_report.py: a row per loss
         recs = quality_report.select(payload, _csv(spec.get("ops")))
         if not recs:

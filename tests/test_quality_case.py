@@ -267,6 +267,26 @@ def test_paired_differences_match_by_split_within_a_group():
     assert "ST CosineSimilarityLoss" not in elsewhere["quality"]["diff"]
 
 
+def test_verdicts_follow_the_two_spread_rule_per_list_length():
+    def rec(impl, k, values):
+        return {"op": f"Lee bi-encoder K={k}", "op_dataset": "Lee", "kind": Q.BI, "k": k, "impl": impl,
+                "status": "ok", "quality": {"per_split": [{"split": s, "ndcg@10": v, "kendall_tau_b": v,
+                                                           "spearman": v} for s, v in enumerate(values)]}}
+    assert quality_report.verdict({"mean": 0.05, "std": 0.02, "n": 5}) == "**win**"
+    assert quality_report.verdict({"mean": -0.05, "std": 0.02, "n": 5}) == "**lose**"
+    assert quality_report.verdict({"mean": 0.04, "std": 0.02, "n": 5}) == "tie"      # exactly twice: a tie
+    assert quality_report.verdict({"mean": 0.05, "std": 0.0, "n": 1}) == "tie"       # one split decides nothing
+    payload = {"results": [rec("ST CoSENTLoss", 3, [0.5, 0.5, 0.5]), rec("fastrank SmoothNDCGLoss", 3, [0.4, 0.6, 0.5]),
+                           rec("ST CoSENTLoss", 25, [0.5, 0.6, 0.5]), rec("fastrank SmoothNDCGLoss", 25, [0.6, 0.71, 0.61]),
+                           rec("zero-shot", 25, [0.1, 0.1, 0.1])]}
+    table = quality_report.verdict_table(payload, ["spearman:diff:ST CoSENTLoss"]).splitlines()
+    assert len(table) == 4                       # head, rule, the one fastrank row at K = 3 and at K = 25
+    assert table[2].startswith("| fastrank SmoothNDCGLoss | 3 | tie +0.000 ± 0.100")
+    assert table[3].startswith("| fastrank SmoothNDCGLoss | 25 | **win** +0.107 ± 0.006")
+    with pytest.raises(ValueError, match="difference"):
+        quality_report.verdict_table(payload, ["spearman"])
+
+
 def test_jobs_run_once_and_resume_from_the_log(tmp_path):
     """A finished job is logged before the next starts; a resumed run reuses the logged results of
     the same configuration (and only those), in any number of workers."""
