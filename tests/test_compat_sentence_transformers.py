@@ -132,7 +132,7 @@ def functional(name, reps, labels, *, in_batch=True, **kw):
     rel = in_batch_relevance(labels, B, D) if in_batch else labels.double()
     sim = full if in_batch else torch.stack([full[b, [c * B + b for c in range(D)]] for b in range(B)])
     if name == "SmoothNDCGLoss":
-        return fastrank.smooth_ndcg_loss(sim, rel, tau=kw.get("tau", 0.01), direction="i2t")
+        return fastrank.smooth_ndcg_loss(sim, rel, tau=kw.get("tau", 1 / 300), direction="i2t")   # the class's default
     if name == "SmoothAPLoss":
         return fastrank.smooth_ap_loss(sim, rel > kw.get("positive_threshold", 0.0), tau=kw.get("tau", 0.01),
                                        direction="i2t")
@@ -141,7 +141,7 @@ def functional(name, reps, labels, *, in_batch=True, **kw):
     if name == "InBatchListwiseLoss":
         target = labels.argmax(dim=1) * B + torch.arange(B)
         ce = torch.nn.functional.cross_entropy(full * 20.0, target)
-        return ce + 0.5 * fastrank.smooth_ndcg_loss(sim, rel, tau=0.01, direction="i2t")
+        return ce + 0.5 * fastrank.smooth_ndcg_loss(sim, rel, tau=1 / 300, direction="i2t")
     raise AssertionError(name)
 
 
