@@ -229,11 +229,11 @@ def test_teacher_relevance_is_rsc(bert):
     loss = fst.SmoothNDCGLoss(bert, teacher=teacher)
     reps = [bert(f)["sentence_embedding"] for f in feats]
     sim = cos_sim(reps[0], torch.cat(reps[1:]))
-    expect = fastrank.smooth_ndcg_loss(sim, in_batch_relevance(LABELS, B, D, rsc), direction="i2t")
+    expect = fastrank.smooth_ndcg_loss(sim, in_batch_relevance(LABELS, B, D, rsc), tau=loss.tau, direction="i2t")
     torch.testing.assert_close(loss(feats, LABELS), expect, rtol=1e-5, atol=1e-6)   # teacher in float32
     own = torch.stack([rsc[b, [c * B + b for c in range(D)]] for b in range(B)])
     own[:, 0] = 1.0
-    expect = fastrank.smooth_ndcg_loss(sim, in_batch_relevance(own, B, D, rsc), direction="i2t")
+    expect = fastrank.smooth_ndcg_loss(sim, in_batch_relevance(own, B, D, rsc), tau=loss.tau, direction="i2t")
     torch.testing.assert_close(loss(feats, None), expect, rtol=1e-5, atol=1e-6)
 
 

@@ -4,7 +4,7 @@
     python -m benchmarks st_inbatch --before DIR --sizes 512 --threads 1
 
 A step is the loss's forward and backward on fixed embeddings, the encoder left out:
-``fastrank.compat.sentence_transformers.SmoothNDCGLoss(model).compute_loss_from_embeddings(
+``fastrank.compat.sentence_transformers.SmoothNDCGLoss(model, tau=0.01).compute_loss_from_embeddings(
 [q, d_1, ..., d_D], labels).backward()`` with the defaults (``in_batch=True``, i2t, tau 0.01):
 each of the B queries ranks all D * B documents of the batch by cosine similarity, its own
 D documents graded (``labels`` (B, D), uniform in [0, 1]), every other document at 0.
@@ -55,7 +55,7 @@ sys.path[:0] = [args["fastrank_path"], args["root"]]
 import fastrank
 from fastrank.compat.sentence_transformers import SmoothNDCGLoss
 from benchmarks.timing import autorange
-loss = SmoothNDCGLoss(torch.nn.Identity())
+loss = SmoothNDCGLoss(torch.nn.Identity(), tau=0.01)   # pinned: the same loss in a before tree
 out = {}
 for b, path in args["inputs"].items():
     data = torch.load(path)
