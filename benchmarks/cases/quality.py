@@ -2,7 +2,7 @@
 real human judgments.
 
     python -m benchmarks quality                 # the default setting: <= 30 min on 2 cores
-    python -m benchmarks quality --full          # the full setting: Lee, 5 splits, 4 list lengths, the search (~4.5 h)
+    python -m benchmarks quality --full          # the full setting: Lee, 5 splits, 4 list lengths, the search (~2 h)
     python -m benchmarks quality --full --resume # go on with a full run that was cut (its job log)
     python -m benchmarks quality --quick         # 1 split, 1 step, 16 tokens, few test items (the smoke run)
 
@@ -96,7 +96,8 @@ SETTINGS = {
     "default": dict(splits=2, steps=20, ce_steps=10, lengths=(6, 25), bi_tokens=128, ce_tokens=256, ce_list=12,
                     ce_splits=2, datasets=("Lee", "SimLex-999"), simlex_b=8, simlex_d=2, max_test_items=None,
                     search=False),
-    # Lee only, about 4.5 h with 2 workers (the search is half of it; --resume goes on with a cut run)
+    # Lee only: 112 min with 2 workers on 2026-11-28 (238 jobs, 115 of them the search; --resume goes on
+    # with a cut run)
     "full": dict(splits=5, steps=20, ce_steps=20, lengths=(3, 6, 12, 25), bi_tokens=128, ce_tokens=256, ce_list=12,
                  ce_splits=3, datasets=("Lee",), simlex_b=8, simlex_d=2, max_test_items=None, search=True),
 }
