@@ -113,6 +113,12 @@ def table(records: List[dict], columns: Optional[List[str]] = None, ref: Optiona
     return "\n".join(lines)
 
 
+def _lee_bi_records(payload: dict) -> List[dict]:
+    """The measured Lee bi-encoder records with a list length K: the groups of the axis."""
+    return [r for r in payload["results"] if r["status"] == "ok" and r.get("k") and r["kind"] == "bi-encoder"
+            and r["op_dataset"] == "Lee"]
+
+
 def verdict(d: dict) -> str:
     """The case's rule on a paired difference (mean ± std over the splits): a *win* or a *loss*
     only when the mean is more than twice the spread away from zero (the splits agree, with
@@ -129,8 +135,7 @@ def verdict_table(payload: dict, columns: List[str], rows: Optional[List[str]] =
     (``rows``: the losses, default every one but zero-shot and the references), a column per
     difference token (``<metric>:diff:<reference row>``), each cell the verdict and the paired
     difference it rests on."""
-    recs = [r for r in payload["results"] if r["status"] == "ok" and r.get("k") and r["kind"] == "bi-encoder"
-            and r["op_dataset"] == "Lee"]
+    recs = _lee_bi_records(payload)
     by = {(r["op"], r["impl"]): r for r in recs}
     tokens = [_parse(c, reference("bi-encoder")) for c in columns]
     if any(kind != "diff" for _, kind, _ in tokens):
@@ -212,8 +217,7 @@ def plot_by_k(payload: dict, path: Path) -> Optional[Path]:
     """When does listwise pay off: Δ Spearman and Δ NDCG@10 (rows) of every other Lee bi-encoder
     loss against CoSENT and against CosineSimilarityLoss (columns), mean ± std of the paired
     difference over the splits, against K, the documents per step (each ranks the other K - 1)."""
-    recs = [r for r in payload["results"] if r["status"] == "ok" and r.get("k") and r["kind"] == "bi-encoder"
-            and r["op_dataset"] == "Lee"]
+    recs = _lee_bi_records(payload)
     if not recs:
         return None
     import matplotlib
