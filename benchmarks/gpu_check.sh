@@ -5,7 +5,9 @@
 #      sm_90 only unless FASTRANK_CUDA_ARCHS says otherwise), at most GPU_CHECK_BUILD_S (300) s;
 #   3. python -m fastrank info;
 #   4. the CUDA tests first (pytest -k cuda, less the CPU-side emulator and ptxas checks that CI
-#      runs anyway), at most GPU_CHECK_TESTS_S (default 180) s;
+#      runs anyway), at most GPU_CHECK_TESTS_S (default 180) s; their counts, the commit and the GPU
+#      as cuda-<date>-tests.json (benchmarks/gpu_tests.py, from pytest's JUnit XML: none when the
+#      tests were cut), the evidence the docs' CUDA status is drawn from (benchmarks/cuda_status.py);
 #      then the kernel versions side by side (benchmarks/kernel_versions.py: v1 and v2 of each op
 #      alternated in one process, their agreement, the issue-time model's prediction beside
 #      each), at most GPU_CHECK_VERSIONS_S (default 150) s: did v2 win, by how much, was the
@@ -37,7 +39,8 @@
 # Everything (logs, results JSON, markdown, PNG plots) goes under one folder:
 #   benchmarks/gpu_check.sh [OUT_DIR]      (default benchmarks/gpu-check-<date>)
 # The result files (cuda-<date>-<case>.json, .md, .png) are in the one layout: copy them to
-# benchmarks/results/ to publish them (python -m benchmarks report then draws the README tables),
+# benchmarks/results/ to publish them (python -m benchmarks report then draws the README tables, and
+# the CUDA status of the README and docs: which sources ran on a GPU as they are now),
 # and the profiles (cuda-<date>-ncu-<op>-<n>-<direction>-<dtype>.csv) to benchmarks/results/profiles/.
 # Needs: python with a CUDA build of torch, nvcc, cmake, ninja (optional), setuptools, pybind11.
 # On a machine whose python is python3 and that returns few files (the device tool: 8 at most):
@@ -121,12 +124,18 @@ T=$(clamp $(( $(left) - 150 )) "$TESTS_S" 30)
 echo "time limit: $T s"
 # -k cuda: the tests with cuda in their names, and the CUDA test matrix (-k matches marker names
 # too: the cases marked cuda_matrix in tests/test_<op>.py, which tests/conftest.py keeps with a GPU)
+rm -f "$OUT/cuda-tests.xml"   # a cut run writes none: an older one must not stand in for it
 timeout "$T" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests" -k cuda -rs \
   --ignore="$ROOT/tests/test_emulated.py" --ignore="$ROOT/tests/test_cuda_resources.py" \
   --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"
 RC=${PIPESTATUS[0]}
 [ "$RC" -eq 124 ] && echo "!!! CUDA tests cut after $T s"
 [ "$RC" -eq 0 ] || fail 4 "CUDA tests (see cuda-tests.log)"
+if [ -f "$OUT/cuda-tests.xml" ]; then
+  "$PY" "$ROOT/benchmarks" gpu_tests --junit "$OUT/cuda-tests.xml" --out "$OUT" \
+    --selection "pytest -q tests -k cuda, less tests/test_emulated.py and tests/test_cuda_resources.py (gpu_check.sh, step 4)" \
+    || fail 4 "the tests result file (gpu_tests)"
+fi
 
 step "4b. kernel versions side by side (v1 / v2)"
 V=$(clamp $(( $(left) - 240 )) "${GPU_CHECK_VERSIONS_S:-150}" 30)
