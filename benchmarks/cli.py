@@ -7,6 +7,7 @@
     python -m benchmarks sweep --threads 1 --max-n 512      # one core
     python -m benchmarks report README.md docs/benchmarks.md docs/porting.md docs/training-at-scale.md benchmarks/results   # tables and plots from the JSON
     python -m benchmarks cuda_resources          # every CUDA kernel's registers, spills, occupancy
+    python -m benchmarks gpu_tests --junit cuda-tests.xml --out DIR   # a GPU run's CUDA test counts as a result
 
 Each case writes ``<out>/<device>-<date>-<case>[-<tag>].json`` and its ``.md`` and
 ``.png`` (results.py, report.py), only when it measured something, and never over a result
@@ -38,7 +39,7 @@ def parser(case_names=()) -> argparse.ArgumentParser:
     What depends on the case (the names --ops, --impls, --modes, --towers take) is checked
     after parsing, against the case's ``choices`` (case.py)."""
     p = A.Parser(prog=PROG, description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                 epilog="\n".join(__doc__.splitlines()[2:9]))
+                 epilog="\n".join(__doc__.splitlines()[2:10]))
     p.add_argument("cases", nargs="*", metavar="CASE",
                    help=f"cases to run (default: all): {', '.join(case_names) or 'see --list'}")
     p.add_argument("--list", action="store_true", help="print every case and what it measures, then exit")
@@ -154,6 +155,9 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
     if argv[:1] == ["cuda_resources"]:
         from . import cuda_resources
         return cuda_resources.main(argv[1:])
+    if argv[:1] == ["gpu_tests"]:
+        from . import gpu_tests
+        return gpu_tests.main(argv[1:])
     # every option's type and range, before torch and fastrank load (--help lists the cases)
     args = parser(_case_names() if {"-h", "--help"} & set(argv) else ()).parse_args(argv)
     if args.threads:   # before torch and fastrank load their OpenMP runtimes

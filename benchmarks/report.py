@@ -16,10 +16,16 @@
   op columns' titles); ``layout=quality`` (with ``ref``) for a training-quality result
   (quality_report.py), ``layout=quality-verdicts`` (``columns`` of differences, ``rows`` the
   losses) for its win / tie / lose table per list length; ``layout=isa`` (no ``columns``) for
-  the CPU-level table that cases/isa.py renders into its result.
+  the CPU-level table that cases/isa.py renders into its result; ``layout=cuda-status`` (the
+  path a folder of result files, no ``columns``; ``files`` for one line on those sources) for
+  what of the CUDA build ran on a GPU, drawn from the ``cuda-*`` results and git (cuda_status.py).
+  Outside the generated blocks, no page may say that code ran on a GPU: that claim is the
+  CUDA status's, which changes when the code does.
+- a folder: its result files, and the markdown files under it that are no result's ``.md``.
 
 ``--check`` writes nothing and exits 1 when a markdown file (a result's ``.md`` or a
-README or docs/ table) is not what its JSON gives (tests/test_benchmarks.py checks the README and docs/).
+README or docs/ table) is not what its JSON (and git, for the CUDA status) gives, or a page
+claims a GPU run outside the CUDA status (tests/test_benchmarks.py checks the README and docs/).
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ import re
 from pathlib import Path
 from typing import List
 
-from . import plots, quality_report, tables
+from . import cuda_status, gpu_tests, plots, quality_report, tables
 from .cli_args import A
 from .results import is_partial, load
 
@@ -36,8 +42,13 @@ MARKER = re.compile(r"(<!-- benchmarks table:(?P<spec>.*?)-->\n)(?P<body>.*?)(<!
                     re.S)
 
 
+def payload_markdown(payload: dict) -> str:
+    """The ``.md`` of a result: a GPU test run's counts (gpu_tests.py), or the tables of a case."""
+    return gpu_tests.markdown(payload) if gpu_tests.is_tests(payload) else tables.markdown(payload)
+
+
 def result_markdown(json_path: Path) -> str:
-    return tables.markdown(load(json_path))
+    return payload_markdown(load(json_path))
 
 
 def render_result(json_path: Path, plot: bool = True) -> List[Path]:
@@ -45,7 +56,7 @@ def render_result(json_path: Path, plot: bool = True) -> List[Path]:
     json_path = Path(json_path)
     payload = load(json_path)
     md = json_path.with_suffix(".md")
-    md.write_text(tables.markdown(payload))
+    md.write_text(payload_markdown(payload))
     out = [md]
     png = json_path.with_suffix(".png")
     if plot:
@@ -63,12 +74,14 @@ def parse_spec(spec: str) -> dict:
     for p in parts[1:]:
         key, _, value = p.partition("=")
         out[key.strip()] = value.strip()
-    if "columns" not in out and out.get("layout") != "isa":
+    if "columns" not in out and out.get("layout") not in ("isa", "cuda-status"):
         raise ValueError(f"benchmarks table marker without columns=: {spec!r}")
     return out
 
 
 def render_block(spec: dict, base: Path) -> str:
+    if spec.get("layout") == "cuda-status":   # cuda_status.py: the GPU runs' results against git
+        return cuda_status.render(spec, base)
     path = (base / spec["file"]).resolve()
     payload = load(path)
     rel = os.path.relpath(path, base)
@@ -98,6 +111,16 @@ def render_markdown(text: str, base: Path) -> str:
     return MARKER.sub(sub, text)
 
 
+def unsupported_claims(text: str) -> List[str]:
+    """What the markdown says ran on a GPU outside its generated blocks (cuda_status.claims)."""
+    return cuda_status.claims(MARKER.sub(lambda m: m.group(1) + m.group(4), text))
+
+
+def markdown_files(folder: Path) -> List[Path]:
+    """The markdown files under ``folder`` that are not a result file's ``.md``."""
+    return sorted(p for p in folder.rglob("*.md") if not p.with_suffix(".json").is_file())
+
+
 def _csv(s):
     return [x.strip() for x in s.split(",") if x.strip()] if s else None
 
@@ -117,9 +140,10 @@ def parser() -> A.Parser:
 @A.command
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    stale, written = [], []
+    stale, written, wrong = [], [], []
     for path in args.paths:
-        files = sorted(f for f in path.glob("*.json") if not is_partial(f)) if path.is_dir() else [path]
+        files = (sorted(f for f in path.glob("*.json") if not is_partial(f)) + markdown_files(path)
+                 if path.is_dir() else [path])
         for f in files:
             if f.suffix == ".json":
                 want, target = result_markdown(f), f.with_suffix(".md")
@@ -130,18 +154,25 @@ def main(argv=None) -> int:
                     written += render_result(f, plot=not args.no_plots)
             else:
                 text = f.read_text()
-                want = render_markdown(text, f.resolve().parent)
+                wrong += [f"{f}: {claim!r}" for claim in unsupported_claims(text)]
+                try:
+                    want = render_markdown(text, f.resolve().parent)
+                except cuda_status.CudaStatusError as err:
+                    print(f"cannot render {f}: {err}")
+                    return 1
                 if want != text:
                     if args.check:
                         stale.append(f)
                     else:
                         f.write_text(want)
                         written.append(f)
+    for claim in wrong:
+        print(f"says code ran on a GPU outside the generated CUDA status (layout=cuda-status): {claim}")
     if args.check:
         for f in stale:
             print(f"stale: {f}")
         if stale:
             print("regenerate with: python -m benchmarks report " + " ".join(str(p) for p in args.paths))
-        return 1 if stale else 0
+        return 1 if stale or wrong else 0
     print("wrote: " + (", ".join(str(w) for w in written) or "nothing (up to date)"))
-    return 0
+    return 1 if wrong else 0

@@ -35,6 +35,7 @@ def bench(monkeypatch_module):
     import fastrank  # noqa: F401
     monkeypatch_module.syspath_prepend(str(ROOT))
     import benchmarks.cases
+    import benchmarks.gpu_tests
     import benchmarks.report
     return benchmarks
 
@@ -319,7 +320,7 @@ def test_cases_import_the_harness_never_the_other_way_round():
 # ---------------------------------------------------------------- published numbers
 
 def test_results_are_in_one_layout_and_their_markdown_is_current(bench):
-    names = "|".join(bench.cases.CASES)
+    names = "|".join([*bench.cases.CASES, bench.gpu_tests.CASE])   # and a GPU run's test counts (gpu_tests.py)
     pattern = re.compile(rf"^(cpu|cuda)-\d{{4}}-\d{{2}}-\d{{2}}-({names})(-[\w.+-]+)?\.(json|md|png)$")
     files = [p for p in (BENCH / "results").iterdir() if p.is_file()]
     assert files
@@ -350,8 +351,9 @@ def test_doc_tables_are_generated_from_their_result_files(bench):
     for doc in files:
         text = doc.read_text()
         for block in bench.report.MARKER.findall(text):   # every table names a result file that exists
-            spec = bench.report.parse_spec(block[1])
-            assert (doc.parent / spec["file"]).is_file(), f"{doc.name}: {spec['file']}"
+            spec = bench.report.parse_spec(block[1])   # (the CUDA status: the folder of the GPU runs' results)
+            exists = Path.is_dir if spec.get("layout") == "cuda-status" else Path.is_file
+            assert exists(doc.parent / spec["file"]), f"{doc.name}: {spec['file']}"
             assert f"From [`{spec['file']}`]" in block[2], f"{doc.name}: {spec['file']}"
         assert bench.report.render_markdown(text, doc.parent) == text, \
             f"{doc.relative_to(ROOT)}: tables differ from their JSON: python -m benchmarks report {doc.relative_to(ROOT)}"
@@ -370,7 +372,8 @@ def test_docs_tables_are_generated_from_their_result_files(bench):
         text = page.read_text()
         for block in bench.report.MARKER.findall(text):
             spec = bench.report.parse_spec(block[1])
-            assert (page.parent / spec["file"]).is_file(), (page.name, spec["file"])
+            exists = Path.is_dir if spec.get("layout") == "cuda-status" else Path.is_file
+            assert exists(page.parent / spec["file"]), (page.name, spec["file"])
         assert bench.report.render_markdown(text, page.parent) == text, \
             f"{page.name}: tables differ from their JSON: python -m benchmarks report {page.relative_to(ROOT)}"
 
