@@ -225,7 +225,8 @@ def _link(evidence_rel: str, name: str) -> str:
     return posixpath.join(evidence_rel, name)
 
 
-def _now(row: Row) -> str:
+def _now(row: Row, short: bool = False) -> str:
+    """The status of a row (``short``: a changed header said, not named)."""
     if row.run is None:
         return f"**never ran on a GPU** (added in `{row.added}`)"
     if not row.changed:
@@ -233,6 +234,8 @@ def _now(row: Row) -> str:
     since = f" since `{row.since}`" if row.since else f" (differs from `{row.run.commit}`)"
     if row.path in row.changed:
         return f"**emulated only**{since}"
+    if short:
+        return f"**emulated only**{since} (a header it includes changed)"
     return f"**emulated only**{since} (headers it includes: {', '.join(f'`{_name(p)}`' for p in sorted(row.changed))})"
 
 
@@ -288,7 +291,7 @@ def line(st: Status, files: Sequence[str], evidence: Path, base: Path, root: Pat
     for row in rows:
         if row.run is not None:
             runs_of.setdefault(row.run.full, (row.run, []))[1].append(f"`{posixpath.basename(row.path)}`")
-    text = "; ".join(f"`{posixpath.basename(row.path)}` {_now(row)}" for row in rows) + "."
+    text = "; ".join(f"`{posixpath.basename(row.path)}` {_now(row, short=True)}" for row in rows) + "."
     if len(runs_of) == 1:
         (run, _), = runs_of.values()
         text += f" Last run on a GPU: {_run(run)}."
