@@ -259,6 +259,10 @@ def _source(evidence: Path, base: Path) -> str:
     return f"[`{rel}`]({rel})"
 
 
+def _from(evidence: Path, base: Path, page: str) -> str:
+    return f"From {_source(evidence, base)} and git; per source: [CUDA status]({page}#{TABLE_ANCHOR})."
+
+
 def table(st: Status, evidence: Path, base: Path) -> str:
     rel = os.path.relpath(evidence, base)
     lines = [f"From {_source(evidence, base)} (the GPU runs' `cuda-*` result files: the commit and GPU of each; "
@@ -297,8 +301,7 @@ def line(st: Status, files: Sequence[str], evidence: Path, base: Path, root: Pat
         text += f" Last run on a GPU: {_run(run)}."
     for run, names in runs_of.values() if len(runs_of) > 1 else ():
         text += f" Last run on a GPU of {', '.join(names)}: {_run(run)}."
-    return (f"**CUDA status** (from {_source(evidence, base)} and git; every source: "
-            f"[CUDA status]({page}#{TABLE_ANCHOR})): {text}\n")
+    return f"**CUDA status:** {text} {_from(evidence, base, page)}\n"
 
 
 def summary(st: Status, evidence: Path, base: Path, root: Path) -> str:
@@ -318,10 +321,10 @@ def summary(st: Status, evidence: Path, base: Path, root: Path) -> str:
     for row in ran + emulated:
         runs_of.setdefault(row.run.full, row.run)
     last = "; ".join(_run(run) for run in runs_of.values())
-    return (f"**CUDA status** (from {_source(evidence, base)} and git; per source: [CUDA status]({page}#{TABLE_ANCHOR})): "
-            f"of the {len(st.rows)} CUDA sources of the build, " + ", ".join(parts[:-1])
+    return (f"**CUDA status:** of the {len(st.rows)} CUDA sources of the build, " + ", ".join(parts[:-1])
             + (" and " if len(parts) > 1 else "") + parts[-1] + "."
-            + (f" Last GPU run{'s' if len(runs_of) > 1 else ''}: {last}." if runs_of else "") + "\n")
+            + (f" Last GPU run{'s' if len(runs_of) > 1 else ''}: {last}." if runs_of else "")
+            + f" {_from(evidence, base, page)}\n")
 
 
 #: a marker's ``view``: the table (default), or one line of counts

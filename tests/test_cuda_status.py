@@ -107,6 +107,11 @@ def test_a_changed_header_makes_its_includers_emulated_only(bench, repo):
     assert not a.ran_as_is and a.since == second and a.run.commit == first
     assert set(a.changed) == {"csrc/cuda/a.cu", "csrc/include/fastrank/h.h"}
     assert binding.changed == ["csrc/include/fastrank/h.h"] and binding.since == second
+    summary = bench.cuda_status.render({"file": "../results", "view": "summary"}, r / "docs")
+    assert ("of the 3 CUDA sources of the build, 1 ran on a GPU as it is now and 2 are emulated only since their "
+            f"last GPU run. Last GPU run: `{first}`, 2026-11-26, {GPU}; its CUDA tests: 7 passed, 1 skipped.") in summary
+    with pytest.raises(ValueError, match="view='rows'"):
+        bench.cuda_status.render({"file": "../results", "view": "rows"}, r / "docs")
     table = bench.cuda_status.table(st, r / "results", r / "docs")
     assert f"| `csrc/cuda/a.cu` | `{first}`, 2026-11-26 | {GPU} |" in table
     assert f"**emulated only** since `{second}` |" in table                                       # a.cu: the file itself
@@ -141,7 +146,7 @@ def test_the_table_is_stable_under_a_docs_commit_and_stale_after_a_source_commit
                     "<!-- end benchmarks table -->\n")
     assert bench.report.main([str(page)]) == 0
     text = page.read_text()
-    assert "From [`../results`](../results)" in text and "**CUDA status**" in text and "`a.cu` ran as it is now" in text
+    assert text.count("From [`../results`](../results)") == 2 and "`a.cu` ran as it is now" in text
     commit(r, {}, "the regenerated page")                                   # docs only: nothing changes
     assert bench.report.main(["--check", str(page)]) == 0
     commit(r, {"csrc/cuda/b.cuh": "// b, changed\n"}, "a kernel change")
