@@ -43,6 +43,10 @@ needs_native = pytest.mark.skipif(not fastrank.backends()["cpu"] and os.environ.
 # wanted, {dir} an existing folder where a file is wanted.
 BAD = {
     "fastrank info": {},
+    "fastrank check": {
+        "--device": "gpu",
+        "--ops": "smooth_ndcg,bogus",
+    },
     "fastrank train": {
         "--config": "{missing}",
         "--set": "nokey",
@@ -180,7 +184,7 @@ def _fastrank_sub(name):
 COMMANDS = {
     **{f"fastrank {name}": (_fastrank_sub(name), lambda argv, name=name: fastrank_cli.main([name, *argv]),
                            ["--out", "{out}"] if name in ("train", "demo", "extract") else [])
-       for name in ("info", "train", "eval", "demo", "extract")},
+       for name in ("info", "check", "train", "eval", "demo", "extract")},
     "python -m benchmarks": (lambda: bench_cli.parser(()), bench_cli.main, ["--out", "{out}"]),
     "python -m benchmarks report": (report.parser, lambda argv: bench_cli.main(["report", *argv]), []),
     "python -m benchmarks cuda_resources": (cuda_resources.parser,
@@ -248,11 +252,13 @@ class _NoOps(dict):
 def place(tmp_path, monkeypatch):
     """The placeholders of a row, in a working directory of their own; where each command
     would start its work, an AssertionError (a value that got through fails fast)."""
+    import fastrank.check
     import fastrank.extract
     import fastrank.train.demo
     import fastrank.train.evaluation
     import fastrank.train.loop
     for owner, attr in ((bench_cli, "run_case"), (bench_cli, "run_each"), (fastrank.train.loop, "Trainer"),
+                        (fastrank.check, "run"),
                         (fastrank.train.demo, "run_demo"), (fastrank.extract, "run_extraction"),
                         (fastrank.train.evaluation, "evaluate_split"), (cuda_resources, "collect"),
                         (report, "render_result"), (report, "render_markdown")):

@@ -1,7 +1,8 @@
-"""The ``fastrank`` command line: ``fastrank info | train | eval | demo | extract``.
+"""The ``fastrank`` command line: ``fastrank info | check | train | eval | demo | extract``.
 
 ``python -m fastrank ...`` is the same command. Subcommands other than ``info`` live
-in fastrank.train and are imported only when used, so ``fastrank info`` stays fast.
+in their modules (fastrank.check, fastrank.train, fastrank.extract) and are imported only
+when used, so ``fastrank info`` stays fast.
 """
 from __future__ import annotations
 
@@ -37,6 +38,30 @@ def _cmd_info(args) -> int:
     for k, v in info().items():
         print(f"{k:<{width}} {v}")
     return 0
+
+
+def _native_ops():
+    from .ops.registry import NATIVE_OPS
+    return list(NATIVE_OPS)
+
+
+def _cmd_check(args) -> int:
+    from .check import run
+    return run(args.device, args.ops)
+
+
+def _add_check(sub) -> None:
+    p = sub.add_parser("check", help="every native op against the pure-PyTorch reference on this machine's devices",
+                       description="Run every native op on every device there (the CPU at each instruction-set "
+                                   "level it runs; each CUDA device, under each version of the CUDA kernels) "
+                                   "against the pure-PyTorch reference on small inputs: float32, float64, "
+                                   "bfloat16, values and gradients. One line per case, a summary line; exit "
+                                   "status 1 when a case fails. Run it after installing on a new machine.")
+    p.add_argument("--device", default="auto", type=A.device,
+                   help="auto (the CPU and every CUDA device), cpu, cuda, cuda:N [auto]")
+    p.add_argument("--ops", type=A.csv(choices=_native_ops), default=None,
+                   help="the ops to check, comma-separated [every native op]")
+    p.set_defaults(func=_cmd_check)
 
 
 def _cmd_extract(args) -> int:
@@ -106,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = A.Parser(prog="fastrank", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="what was built and what can run; torch, CUDA, compiler versions")
+    _add_check(sub)
     try:
         from .train import cli as train_cli
     except ImportError:  # the training stack is optional at import time
