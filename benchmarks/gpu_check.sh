@@ -3,7 +3,10 @@
 #   1. the machine and the tools (preflight);
 #   2. build and install fastrank with its CUDA kernels (pip install --no-build-isolation .,
 #      sm_90 only unless FASTRANK_CUDA_ARCHS says otherwise), at most GPU_CHECK_BUILD_S (300) s;
-#   3. python -m fastrank info;
+#   3. python -m fastrank info; then python -m fastrank check (every native op against the
+#      pure-PyTorch reference on the CPU at each level and on the GPU under each kernel version,
+#      float32, float64, bfloat16: what a user runs after installing), at most GPU_CHECK_CHECK_S
+#      (default 120) s, its lines in check.log;
 #   4. the CUDA tests first (pytest -k cuda, less the CPU-side emulator and ptxas checks that CI
 #      runs anyway), at most GPU_CHECK_TESTS_S (default 180) s; their counts, the commit and the GPU
 #      as cuda-<date>-tests.json (benchmarks/gpu_tests.py, from pytest's JUnit XML: none when the
@@ -118,6 +121,10 @@ step "3. fastrank info"
 "$PY" -m fastrank info | tee "$OUT/info.txt"
 "$PY" -c "import fastrank, sys; b = fastrank.backends(); print(fastrank.__file__); sys.exit(0 if b['cuda_available'] else 1)" \
   || fail 3 "fastrank does not see a CUDA device (cuda_available False)"
+
+step "3b. fastrank check (every native op against the reference, every device)"
+timeout "${GPU_CHECK_CHECK_S:-120}" "$PY" -m fastrank check 2>&1 | tee "$OUT/check.log"
+check 3 "${PIPESTATUS[0]}" "fastrank check: a native op off its reference (see check.log)"
 
 step "4. CUDA tests (first)"
 T=$(clamp $(( $(left) - 150 )) "$TESTS_S" 30)
