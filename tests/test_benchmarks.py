@@ -360,7 +360,7 @@ def test_doc_tables_are_generated_from_their_result_files(bench):
     # ... and the check can fail: a number changed by hand is put back
     doc = ROOT / "docs" / "benchmarks.md"
     text = doc.read_text()
-    body = bench.report.MARKER.search(text).group("body")
+    body = next(m.group("body") for m in bench.report.MARKER.finditer(text) if re.search(r"\d ms", m.group("body")))
     edited = text.replace(body, re.sub(r"\d+(\.\d+)? ms", "1.23 ms", body, count=1), 1)
     assert edited != text and bench.report.render_markdown(edited, doc.parent) == text
 
