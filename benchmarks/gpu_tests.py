@@ -1,5 +1,6 @@
-"""A GPU run of the CUDA tests as a result file, ``cuda-<date>-tests[-<tag>].json``: the
-commit and the GPU it ran on (results.machine_info) and pytest's counts, read from pytest's
+"""A GPU run's CUDA test counts as a result file, ``cuda-<date>-tests[-<tag>].json``.
+
+The commit and the GPU it ran on (results.machine_info) and pytest's counts, read from its
 JUnit XML. gpu_check.sh writes one right after its CUDA tests; cuda_status.py reads these
 files, beside the benchmark results of the same commit, as the evidence of what ran on a GPU.
 
@@ -96,7 +97,7 @@ def parser() -> A.Parser:
     p = A.Parser(prog="python -m benchmarks gpu_tests", description=__doc__.splitlines()[0])
     p.add_argument("--junit", required=True, type=A.existing_file, help="pytest's --junitxml file")
     p.add_argument("--out", required=True, type=A.out_dir, help="folder of the result file")
-    p.add_argument("--tag", type=A.name, default="", help="file name suffix: cuda-<date>-tests-<tag>")
+    p.add_argument("--tag", type=A.name, default=None, help="file name suffix: cuda-<date>-tests-<tag>")
     p.add_argument("--selection", default="the CUDA tests", help="which tests ran (the pytest selection), in words")
     p.add_argument("--force", action="store_true", help="replace a result file of the same name that git tracks")
     return p
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     prog = parser().prog
     if not torch.cuda.is_available():
         A.fail(prog, "torch sees no CUDA device: a tests result records a run on a GPU")
-    path = args.out / (results.stem(torch.device("cuda"), CASE, args.tag) + ".json")
+    path = args.out / (results.stem(torch.device("cuda"), CASE, args.tag or "") + ".json")
     if results.committed(path) and not args.force:
         A.fail(prog, f"{path} is tracked by git: give --tag, or --force")
     results.write_json(path, payload(args.junit, results.machine_info(torch.device("cuda")), results.created_now(),

@@ -256,8 +256,11 @@ def test_gpu_tests_command_writes_the_result_and_its_markdown(bench, tmp_path, m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.results, "machine_info", lambda device: {"git_commit": "abc1234", "gpu": {"name": GPU},
                                                                        "torch": torch.__version__})
+    assert bench.gpu_tests.main(["--junit", str(xml), "--out", str(tmp_path / "out")]) == 0
     assert bench.gpu_tests.main(["--junit", str(xml), "--out", str(tmp_path / "out"), "--tag", "x"]) == 0
+    [plain] = (tmp_path / "out").glob("cuda-*-tests.json")
     [written] = (tmp_path / "out").glob("cuda-*-tests-x.json")
+    assert json.loads(plain.read_text())["tests"] == json.loads(written.read_text())["tests"]   # no tag: no suffix
     payload = json.loads(written.read_text())
     assert payload["tests"]["passed"] == 1 and payload["machine"]["git_commit"] == "abc1234"
     assert written.with_suffix(".md").read_text() == bench.report.result_markdown(written)
