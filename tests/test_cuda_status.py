@@ -40,7 +40,8 @@ def bench():
 # ---------------------------------------------------------------- a repository of CUDA sources
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                           "-c", "commit.gpgsign=false", *args],
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
