@@ -1,7 +1,8 @@
 """``fastrank check`` (src/fastrank/check.py): on this machine's CPU it passes, with an ok line
 for every native op of the table in every dtype at every instruction-set level this CPU runs
 (the levels other than the one in use run in child processes); and when a native op returns a
-perturbed value it fails (exit status 1) on that op's lines alone, and its summary names the op."""
+perturbed value it fails (exit status 1) on that op's lines alone, and its summary names the op;
+a level whose child process dies is a failed line."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import pytest
 import fastrank
 import fastrank.ops.smooth_ndcg
 from fastrank import _native
+from fastrank import check as fastrank_check
 from fastrank.check import DTYPES, SUMMARY
 from fastrank.cli import main
 from fastrank.ops.registry import NATIVE_OPS
@@ -54,3 +56,13 @@ def test_a_perturbed_native_op_fails_by_name(capsys, monkeypatch):
     assert by_op["smooth_ndcg"] and all(line.endswith(" FAIL") for line in by_op["smooth_ndcg"]), by_op["smooth_ndcg"]
     assert len(lines) == len(by_op["kendall"]) + len(by_op["smooth_ndcg"])
     assert "FAILED (smooth_ndcg)" in summary, summary
+
+
+def test_a_level_whose_child_dies_is_a_failed_line(capsys):
+    """A child process that runs no case (here: a level this build lacks stops its import) is
+    a failure, never a level that silently passed."""
+    tally = fastrank_check.Tally()
+    fastrank_check.check_cpu_level("sse9", ["kendall"], tally)
+    [line] = capsys.readouterr().out.splitlines()
+    assert tally.cases == 1 and tally.failed == ["(every op)"]
+    assert line.endswith(" FAIL") and "cpu/sse9" in line and "exited with status 1" in line, line

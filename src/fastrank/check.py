@@ -226,16 +226,16 @@ class Tally:
         self.failed: List[str] = []
         self.where: List[str] = []
 
-    def add(self, line: str, ok: bool) -> None:
+    def add(self, line: str, ok: bool, op: str) -> None:
         print(line, flush=True)
         self.cases += 1
         if not ok:
-            self.failed.append(line.split(None, 1)[0])
+            self.failed.append(op)
 
     def result(self, result: Result) -> None:
         if result.where not in self.where:
             self.where.append(result.where)
-        self.add(result.line(), result.ok)
+        self.add(result.line(), result.ok, result.op)
 
 
 def check_device(rows: Sequence[Loss], device: torch.device, where: str, references: References,
@@ -254,20 +254,21 @@ def check_cpu_level(level: str, ops: Sequence[str], tally: Tally) -> None:
     code = (f"import sys; sys.path.insert(0, {package_root!r}); from fastrank.cli import main; "
             f"sys.exit(main(['check', '--device', 'cpu', '--ops', {','.join(ops)!r}]))")
     env = {**os.environ, _native.CPU_ISA_VARIABLE: level}
-    other, failed = [], 0
+    other, cases, failed = [], 0, 0
     with subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as child:
         for line in child.stdout:
             line = line.rstrip("\n")
             status = line.rsplit(None, 1)[-1] if line.strip() else ""
             if status in (OK, FAIL) and not line.startswith(SUMMARY):
-                tally.add(line, status == OK)
+                tally.add(line, status == OK, line.split(None, 1)[0])   # an op's name has no space
+                cases += 1
                 failed += status == FAIL
             elif not line.startswith(SUMMARY):
                 other.append(line)
     where = f"cpu/{level}"
     tally.where.append(where)
-    if child.returncode not in (0, 1) or (child.returncode == 1) != (failed > 0):
+    if child.returncode not in (0, 1) or (child.returncode == 1) != (failed > 0) or not cases:
         last = " | ".join(x for x in other[-3:] if x.strip())
         tally.result(Result("(every op)", where, "-", "the child process", False,
                             detail=f"exited with status {child.returncode}: {last}"))
@@ -303,7 +304,8 @@ def run(device: str = "auto", ops: Optional[Sequence[str]] = None) -> int:
     for dev in _cuda_devices(device):
         if not backends["cuda_available"]:
             why = backends.get("_C_cuda_error") or ("fastrank was built without its CUDA module (no nvcc at build "
-                                                    "time)" if not backends["cuda_built"] else "it sees no device")
+                                                    "time)" if not backends["cuda_built"] else
+                                                    "fastrank's CUDA module sees no device, torch does")
             tally.result(Result("(every op)", str(dev), "-", "the CUDA module", False, detail=why))
             continue
         for version in cuda_kernel_versions():
