@@ -387,6 +387,40 @@ def embedding_loss(row: Loss) -> Op:
               f"Recall@k: the diagonal positives; default hyper-parameters and blocks")
 
 
+def contrastive_inputs(row_name):
+    """img, txt (n = m, d = 64, unit rows; the diagonal positives) and the learnable logit scale
+    (CLIP's initial 1 / 0.07), with SigLIP's initial bias -10."""
+    def inputs(size, device, dtype, requires_grad):
+        out = {name: torch.nn.functional.normalize(torch.randn(size[k], EMB_D, device=device), dim=1).to(dtype)
+               for name, k in (("img", "n"), ("txt", "m"))}
+        out["logit_scale"] = torch.tensor(1 / 0.07, device=device)
+        if row_name == "siglip_from_embeddings":
+            out["logit_bias"] = torch.tensor(-10.0, device=device)
+        return {k: v.requires_grad_(requires_grad) for k, v in out.items()}
+    return inputs
+
+
+def contrastive_loss(row: Loss) -> Op:
+    """A contrastive loss from the embeddings (InfoNCE, SigLIP): native (blocks) against the
+    reference (the (N, M) logits in plain PyTorch, open_clip's way)."""
+    fn = row.functional.__name__
+
+    def public(impl):
+        return lambda: functools.partial(getattr(fastrank, fn), impl=impl)
+    return Op(
+        name=row.name, about=" ".join(row.functional.__doc__.split("\n\n")[0].split()),
+        impls={"native": public("native"), "reference": public("reference")},
+        inputs=contrastive_inputs(row.name),
+        sizes={"cpu": square(1024, 4096, 8192), "cuda": square(4096, 16384, 32768), "quick": square(16, 64)},
+        work=lambda s: s["n"] * s["m"] * EMB_D,
+        est_bytes=lambda impl, mode, s, itemsize: (6 * s["n"] * s["m"] * 4 if impl != "native"
+                                                   else 4 * (s["n"] + s["m"]) * EMB_D * 4
+                                                   + 6 * 4 * min(s["n"] * s["m"], 1 << 22)),
+        modes=("forward+backward",), baseline="reference", requires=fn,
+        notes=f"d = {EMB_D}; the diagonal positives; logit scale 1 / 0.07 (and bias -10), learnable; "
+              f"default blocks")
+
+
 # ------------------------------------------------------------------ the PyTorch losses
 
 def pytorch_loss(name: str, about: str, call: Callable) -> Op:
@@ -410,7 +444,9 @@ def _triplet(mining):
 
 
 # Ops whose benchmark is not a loss call of the default shape (their whole Op above).
-CUSTOM: Dict[str, Op] = {op.name: op for op in (FAST_RERANK, FAST_RERANK_TOPK, SMOOTH_AP_CLASSES)}
+CUSTOM: Dict[str, Op] = {op.name: op for op in (
+    FAST_RERANK, FAST_RERANK_TOPK, SMOOTH_AP_CLASSES,
+    *(contrastive_loss(LOSSES[name]) for name in ("info_nce_from_embeddings", "siglip_from_embeddings")))}
 
 # With a time limit, what comes first is what gets measured: these first, then every other
 # native op of the table in its order, then the PyTorch losses.

@@ -9,10 +9,8 @@ packages), and against the original itself where its package is importable:
 - open_clip's ClipLoss: compared when ``open_clip_torch`` is installed (its loss.py is
   loaded on its own, so a torchvision that does not match torch does not matter).
 """
-import importlib.util
 import math
 import os
-import pathlib
 import shutil
 
 import numpy as np
@@ -20,6 +18,7 @@ import pytest
 import torch
 
 import fastrank
+from _open_clip import open_clip_loss_module
 from fastrank.compat import ClipLoss, ContrastiveLoss, approxNDCGLoss
 
 NATIVE_CPU = fastrank.backends()["cpu"]
@@ -329,19 +328,9 @@ def clip_oracle(img, txt, logit_scale, logit_bias=None):
 
 
 def open_clip_original():
-    """open_clip's ClipLoss class when open_clip_torch is installed, else None. loss.py
-    needs only torch, so it is loaded on its own (open_clip's __init__ imports
-    torchvision, which fails when torchvision was built for another torch)."""
-    spec = importlib.util.find_spec("open_clip")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "loss.py"
-    if not path.exists():
-        return None
-    mod_spec = importlib.util.spec_from_file_location("_open_clip_loss_original", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod.ClipLoss
+    """open_clip's ClipLoss class when open_clip_torch is installed, else None (tests/_open_clip.py)."""
+    mod = open_clip_loss_module()
+    return None if mod is None else mod.ClipLoss
 
 
 def clip_case(n=8, d=5, seed=0, dtype=torch.float64):
