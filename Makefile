@@ -30,6 +30,7 @@ $(STAMP): $(VENV)/bin/python $(SOURCES)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
 	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q ".[test]"
+	$(PY) -m pip install -q --no-deps open_clip_torch   # open_clip's loss.py for the parity tests (--no-deps: its torchvision breaks beside this torch)
 	@touch $(STAMP)
 
 # pytest (not `python -m pytest`) so that the installed package, with its native
