@@ -76,6 +76,24 @@ struct Grid {
   bool parallel() const { return n * m >= kParallelMin; }
 };
 
+// The sweep every pass over the matrix makes, called inside an omp parallel region: the tasks
+// shared out dynamically, each task's column band in chunks of at most kCB columns (open(k, c0, w)
+// starts a chunk, close(k, c0, w) ends it), each chunk's rows in strips of at most kSub
+// (visit(k, c0, w, i0, h)), so a strip of kSub x kCB stays in L1/L2.
+template <class Open, class Visit, class Close>
+inline void sweep_tasks(const Grid& g, Open&& open, Visit&& visit, Close&& close) {
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t t = 0; t < g.tasks(); ++t) {
+    const Grid::Task k = g.task(t);
+    for (int64_t c0 = k.b0; c0 < k.b1; c0 += kCB) {
+      const int64_t w = std::min(k.b1 - c0, kCB);
+      open(k, c0, w);
+      for (int64_t i0 = k.r0; i0 < k.r1; i0 += kSub) visit(k, c0, w, i0, std::min(kSub, k.r1 - i0));
+      close(k, c0, w);
+    }
+  }
+}
+
 template <typename A> constexpr A kMaxFinite = std::numeric_limits<A>::max();
 template <typename A> inline A vmax(A a, A b) { return a > b ? a : b; }  // omp simd reductions only
 
@@ -144,66 +162,62 @@ void lse_pass(const T* sim, int64_t sr, int64_t sc, const Grid& g, T g1, T l1, T
   T* __restrict cm = cm_v.data();
   T* __restrict cs = cs_v.data();
   T* __restrict tmax = tmax_v.data();
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < g.tasks(); ++t) {
-    const auto [rb, cb, r0, r1, b0, b1] = g.task(t);
-    for (int64_t c0 = b0; c0 < b1; c0 += kCB) {
-      const int64_t w = std::min(b1 - c0, kCB);
-      std::fill(cm, cm + w, -std::numeric_limits<T>::infinity());
-      std::fill(cs, cs + w, T(0));
-      for (int64_t i0 = r0; i0 < r1; i0 += kSub) {
-        const int64_t h = std::min(kSub, r1 - i0);
-        int64_t ld;
-        const T* __restrict b = strip(sim + i0 * sr + c0 * sc, sr, sc, h, w, buf, &ld);
-        // columns: max over the strip, rescale the running sum once, then add the strip.
-        // max(g1 * s) = g1 * max(s) exactly (g1 > 0, rounding is monotone): exponents <= 0.
+  const auto open = [&](const Grid::Task&, int64_t, int64_t w) {
+    std::fill(cm, cm + w, -std::numeric_limits<T>::infinity());
+    std::fill(cs, cs + w, T(0));
+  };
+  const auto close = [&](const Grid::Task& k, int64_t c0, int64_t w) {
+    std::copy(cm, cm + w, pc_m + k.rb * m + c0);
+    std::copy(cs, cs + w, pc_s + k.rb * m + c0);
+  };
+  sweep_tasks(g, open, [&](const Grid::Task& k, int64_t c0, int64_t w, int64_t i0, int64_t h) {
+    int64_t ld;
+    const T* __restrict b = strip(sim + i0 * sr + c0 * sc, sr, sc, h, w, buf, &ld);
+    // columns: max over the strip, rescale the running sum once, then add the strip.
+    // max(g1 * s) = g1 * max(s) exactly (g1 > 0, rounding is monotone): exponents <= 0.
 #pragma omp simd
-        for (int64_t j = 0; j < w; ++j) tmax[j] = b[j];
-        for (int64_t r = 1; r < h; ++r) {
-          const T* __restrict br = b + r * ld;
+    for (int64_t j = 0; j < w; ++j) tmax[j] = b[j];
+    for (int64_t r = 1; r < h; ++r) {
+      const T* __restrict br = b + r * ld;
 #pragma omp simd
-          for (int64_t j = 0; j < w; ++j) tmax[j] = max_nan(tmax[j], br[j]);
-        }
-#pragma omp simd
-        for (int64_t j = 0; j < w; ++j) {
-          const T nm = max_nan(cm[j], g1 * tmax[j]);
-          cs[j] *= exp_nonpos(cm[j] - nm);  // cm = -inf on the first strip: exp -> 0
-          cm[j] = nm;
-        }
-        for (int64_t r = 0; r < h; ++r) {
-          const T* __restrict br = b + r * ld;
-#pragma omp simd
-          for (int64_t j = 0; j < w; ++j) cs[j] += exp_nonpos(g1 * br[j] - cm[j]);
-        }
-        // rows: (max, sum) of l1 * s over this sub-tile's columns, folded into the band's pair
-        for (int64_t r = 0; r < h; ++r) {
-          const T* __restrict br = b + r * ld;
-          T mx = br[0], bad = 0;
-#pragma omp simd reduction(max : mx) reduction(+ : bad)
-          for (int64_t j = 0; j < w; ++j) {
-            mx = vmax(mx, br[j]);
-            bad += std::fabs(br[j]) <= kMaxFinite<T> ? T(0) : T(1);  // NaN, +-inf
-          }
-          const T mm = l1 * mx;
-          T s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int64_t j = 0; j < w; ++j) s += exp_nonpos(l1 * br[j] - mm);
-          if (bad != T(0)) s = std::numeric_limits<T>::quiet_NaN();
-          const int64_t k = cb * n + i0 + r;
-          if (c0 == b0) {
-            pr_m[k] = mm;
-            pr_s[k] = s;
-          } else {  // online merge, in sub-tile order
-            const T om = pr_m[k], nm = max_nan(om, mm);
-            pr_s[k] = pr_s[k] * exp_nonpos(om - nm) + s * exp_nonpos(mm - nm);
-            pr_m[k] = nm;
-          }
-        }
-      }
-      std::copy(cm, cm + w, pc_m + rb * m + c0);
-      std::copy(cs, cs + w, pc_s + rb * m + c0);
+      for (int64_t j = 0; j < w; ++j) tmax[j] = max_nan(tmax[j], br[j]);
     }
-  }  // implicit barrier: all partials written
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) {
+      const T nm = max_nan(cm[j], g1 * tmax[j]);
+      cs[j] *= exp_nonpos(cm[j] - nm);  // cm = -inf on the first strip: exp -> 0
+      cm[j] = nm;
+    }
+    for (int64_t r = 0; r < h; ++r) {
+      const T* __restrict br = b + r * ld;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) cs[j] += exp_nonpos(g1 * br[j] - cm[j]);
+    }
+    // rows: (max, sum) of l1 * s over this sub-tile's columns, folded into the band's pair
+    for (int64_t r = 0; r < h; ++r) {
+      const T* __restrict br = b + r * ld;
+      T mx = br[0], bad = 0;
+#pragma omp simd reduction(max : mx) reduction(+ : bad)
+      for (int64_t j = 0; j < w; ++j) {
+        mx = vmax(mx, br[j]);
+        bad += std::fabs(br[j]) <= kMaxFinite<T> ? T(0) : T(1);  // NaN, +-inf
+      }
+      const T mm = l1 * mx;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < w; ++j) s += exp_nonpos(l1 * br[j] - mm);
+      if (bad != T(0)) s = std::numeric_limits<T>::quiet_NaN();
+      const int64_t e = k.cb * n + i0 + r;
+      if (c0 == k.b0) {
+        pr_m[e] = mm;
+        pr_s[e] = s;
+      } else {  // online merge, in sub-tile order
+        const T om = pr_m[e], nm = max_nan(om, mm);
+        pr_s[e] = pr_s[e] * exp_nonpos(om - nm) + s * exp_nonpos(mm - nm);
+        pr_m[e] = nm;
+      }
+    }
+  }, close);  // implicit barrier: all partials written
 #pragma omp for schedule(static)
   for (int64_t j = 0; j < m; ++j) col_lse[j] = merge_lse(pc_m + j, pc_s + j, m, g.R);
 #pragma omp for schedule(static)
@@ -254,6 +268,17 @@ bool forward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, T 
   return all_finite(col_lse, m) && all_finite(row_lse, n);
 }
 
+// out[x] = scale * the sum over bands t of part[t * len + x], in band order (deterministic);
+// called inside an omp parallel region.
+template <typename T> void sum_bands(const T* part, int64_t bands, int64_t len, T scale, T* out) {
+#pragma omp for schedule(static)
+  for (int64_t x = 0; x < len; ++x) {
+    T s = 0;
+    for (int64_t t = 0; t < bands; ++t) s += part[t * len + x];
+    out[x] = scale * s;
+  }
+}
+
 // ---- backward ------------------------------------------------------------------------------
 // Workspace: [row band][j] column partial sums of G1, [column band][i] row partial sums of
 // G2, then a1[j] = g1 * colsum(G1)[j] and b2[i] = l1 * rowsum(G2)[i].
@@ -274,54 +299,36 @@ void backward_impl(const T* sim, int64_t sr, int64_t sc, int64_t n, int64_t m, c
     T* __restrict buf = buf_v.data();
     T* __restrict acc = acc_v.data();
     // pass 1: column sums of G1, row sums of G2, band partials
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < g.tasks(); ++t) {
-      const auto [rb, cb, r0, r1, b0, b1] = g.task(t);
-      for (int64_t c0 = b0; c0 < b1; c0 += kCB) {
-        const int64_t w = std::min(b1 - c0, kCB);
-        if (H1) std::fill(acc, acc + w, T(0));
-        for (int64_t i0 = r0; i0 < r1; i0 += kSub) {
-          const int64_t h = std::min(kSub, r1 - i0);
-          int64_t ld;
-          if (H1) {
-            const T* __restrict b = strip(G1 + i0 * g1r + c0 * g1c, g1r, g1c, h, w, buf, &ld);
-            for (int64_t r = 0; r < h; ++r) {
-              const T* __restrict br = b + r * ld;
+    const auto open = [&](const Grid::Task&, int64_t, int64_t w) {
+      if (H1) std::fill(acc, acc + w, T(0));
+    };
+    const auto close = [&](const Grid::Task& k, int64_t c0, int64_t w) {
+      if (H1) std::copy(acc, acc + w, pc + k.rb * m + c0);
+    };
+    sweep_tasks(g, open, [&](const Grid::Task& k, int64_t c0, int64_t w, int64_t i0, int64_t h) {
+      int64_t ld;
+      if (H1) {
+        const T* __restrict b = strip(G1 + i0 * g1r + c0 * g1c, g1r, g1c, h, w, buf, &ld);
+        for (int64_t r = 0; r < h; ++r) {
+          const T* __restrict br = b + r * ld;
 #pragma omp simd
-              for (int64_t j = 0; j < w; ++j) acc[j] += br[j];
-            }
-          }
-          if (H2) {
-            const T* __restrict b = strip(G2 + i0 * g2r + c0 * g2c, g2r, g2c, h, w, buf, &ld);
-            for (int64_t r = 0; r < h; ++r) {
-              const T* __restrict br = b + r * ld;
-              T s = 0;
-#pragma omp simd reduction(+ : s)
-              for (int64_t j = 0; j < w; ++j) s += br[j];
-              const int64_t k = cb * n + i0 + r;
-              pr[k] = c0 == b0 ? s : pr[k] + s;
-            }
-          }
+          for (int64_t j = 0; j < w; ++j) acc[j] += br[j];
         }
-        if (H1) std::copy(acc, acc + w, pc + rb * m + c0);
       }
-    }
-    if (H1) {
-#pragma omp for schedule(static)
-      for (int64_t j = 0; j < m; ++j) {
-        T s = 0;
-        for (int64_t t = 0; t < g.R; ++t) s += pc[t * m + j];
-        a1[j] = g1 * s;
+      if (H2) {
+        const T* __restrict b = strip(G2 + i0 * g2r + c0 * g2c, g2r, g2c, h, w, buf, &ld);
+        for (int64_t r = 0; r < h; ++r) {
+          const T* __restrict br = b + r * ld;
+          T s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int64_t j = 0; j < w; ++j) s += br[j];
+          const int64_t e = k.cb * n + i0 + r;
+          pr[e] = c0 == k.b0 ? s : pr[e] + s;
+        }
       }
-    }
-    if (H2) {
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        T s = 0;
-        for (int64_t t = 0; t < g.C; ++t) s += pr[t * n + i];
-        b2[i] = l1 * s;
-      }
-    }
+    }, close);
+    if (H1) sum_bands(pc, g.R, m, g1, a1);
+    if (H2) sum_bands(pr, g.C, n, l1, b2);
     // pass 2: grad = g2 G1 - P * a1[j] + l2 G2 - Q * b2[i] (+ poison(sim): NaN for a
     // non-finite sim even where the formula's exp would drop it, e.g. sim = -inf)
     std::vector<T> xs_v(sc == 1 ? 0 : m), r1_v(H1 && g1c != 1 ? m : 0), r2_v(H2 && g2c != 1 ? m : 0);
