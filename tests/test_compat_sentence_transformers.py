@@ -188,9 +188,9 @@ def test_without_labels_smooth_ap_and_in_batch_are_mnrl_style(bert):
 
 
 def test_in_batch_relevance_is_topk_for_smooth_ndcg(bert, monkeypatch):
-    """In-batch without a teacher, smooth-NDCG (alone or as InBatchListwiseLoss's term) gets the
-    relevance as a TopKRelevance, each query's D documents, never the (B, D * B) matrix; the
-    matrix-only losses and the teacher's relevance stay dense."""
+    """In-batch, smooth-NDCG (alone or as InBatchListwiseLoss's term) gets the relevance as a
+    TopKRelevance, each query's D documents (with a teacher, and its teacher_topk best others),
+    never the (B, D * B) matrix; the matrix-only losses, and teacher_topk=None, stay dense."""
     seen = []
     for name in ("smooth_ndcg_loss", "smooth_ap_loss", "kendall_sw_loss"):
         real = getattr(fst, name)
@@ -210,11 +210,67 @@ def test_in_batch_relevance_is_topk_for_smooth_ndcg(bert, monkeypatch):
     fst.SmoothNDCGLoss(bert, in_batch=False)(feats, LABELS)
     assert torch.equal(seen.pop(), LABELS.double())
     teacher = fastrank.relevance.CaptionEncoder(cache_dir=False, device="cpu")
-    fst.SmoothNDCGLoss(bert, teacher=teacher)(feats, LABELS)
-    rel = seen.pop()
     others = in_batch_relevance(torch.ones(B, D), B, D) == 0     # the other queries' documents
+    for loss in (fst.SmoothNDCGLoss(bert, teacher=teacher, teacher_topk=3),
+                 fst.InBatchListwiseLoss(bert, listwise="smooth_ndcg", teacher=teacher, teacher_topk=3)):
+        loss(feats, LABELS)
+        rel = seen.pop()
+        assert isinstance(rel, fastrank.TopKRelevance) and rel.shape == (B, D * B) and rel.k == D + 3
+        assert rel.indices[:, :D].tolist() == [[b, B + b] for b in range(B)]
+        assert bool(((rel.to_dense() > 0) & others).sum(dim=1).eq(3).all())
+    fst.SmoothNDCGLoss(bert, teacher=teacher, teacher_topk=None)(feats, LABELS)
+    rel = seen.pop()
     assert isinstance(rel, torch.Tensor) and rel.shape == (B, D * B) and bool((rel[others] > 0).all())
     assert not seen
+
+
+def _teacher_case(B=40, D=3, seed=0):
+    """Embeddings, labels and a teacher's (B, D * B) relevance with about a tenth of it nonzero."""
+    g = torch.Generator().manual_seed(seed)
+    emb = [torch.randn(B, 8, generator=g, dtype=torch.float64) for _ in range(D + 1)]
+    labels = torch.rand(B, D, generator=g, dtype=torch.float64)
+    teacher = torch.rand(B, D * B, generator=g) * (torch.rand(B, D * B, generator=g) < 0.1)
+    return emb, labels, teacher
+
+
+def _teacher_loss(teacher_topk, emb, labels, teacher):
+    """(value, gradients of the embeddings) of the in-batch SmoothNDCGLoss with this teacher matrix."""
+    loss = fst.SmoothNDCGLoss(torch.nn.Identity(), tau=0.05, teacher_topk=teacher_topk)
+    leaves = [e.clone().requires_grad_() for e in emb]
+    out = loss._loss(leaves[0], leaves[1:], fst._Batch(leaves[0].shape[0], len(emb) - 1, labels, teacher))
+    return [out.detach(), *torch.autograd.grad(out, leaves)]
+
+
+@pytest.mark.parametrize("with_labels", [True, False])
+def test_teacher_topk_equals_the_whole_teacher_where_it_covers_the_nonzeros(with_labels):
+    """teacher_topk at least the most nonzero relevances of a query's other documents: the value
+    and gradients of the whole (B, D * B) teacher matrix (teacher_topk=None)."""
+    emb, labels, teacher = _teacher_case()
+    labels = labels if with_labels else None
+    B, D = emb[0].shape[0], len(emb) - 1
+    own = in_batch_relevance(torch.ones(B, D), B, D) > 0
+    most = int(((teacher != 0) & ~own).sum(dim=1).max())
+    assert 5 < most < D * B - D
+    whole = _teacher_loss(None, emb, labels, teacher)
+    for k in (most, most + 7, 10 ** 6):
+        for a, b in zip(_teacher_loss(k, emb, labels, teacher), whole):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    fewer = _teacher_loss(most - 3, emb, labels, teacher)[0]
+    assert abs(float(fewer - whole[0])) > 1e-6               # the truncation shows
+
+
+def test_teacher_topk_is_the_teachers_best_other_documents():
+    """teacher_topk=k below the nonzeros: the whole-matrix loss of the teacher's relevance with
+    each query's other documents cut to the k it ranks highest."""
+    emb, labels, teacher = _teacher_case(seed=1)
+    B, D = emb[0].shape[0], len(emb) - 1
+    own = in_batch_relevance(torch.ones(B, D), B, D) > 0
+    k = 2
+    rank = torch.argsort(teacher.masked_fill(own, -1.0), dim=1, descending=True, stable=True)
+    cut = torch.zeros_like(teacher).scatter_(1, rank[:, :k], teacher.gather(1, rank[:, :k]))
+    cut = torch.where(own, teacher, cut)
+    for a, b in zip(_teacher_loss(k, emb, labels, teacher), _teacher_loss(None, emb, labels, cut)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_teacher_relevance_is_rsc(bert):
@@ -360,6 +416,9 @@ def test_bad_input(bert, clip_dir):
         ndcg(feats, torch.ones(5, 2))
     with pytest.raises(ValueError, match="needs graded relevance: labels is None"):
         ndcg(feats, None)
+    for bad in (0, 2.5, "16"):
+        with pytest.raises(ValueError, match="^teacher_topk must be an integer >= 1"):
+            fst.SmoothNDCGLoss(bert, teacher_topk=bad)
     with pytest.raises(ValueError, match="needs graded relevance: labels is None"):
         fst.CachedKendallSWLoss(bert)(feats, None)
     with pytest.raises(ValueError, match="needs graded relevance"):

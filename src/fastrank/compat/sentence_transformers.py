@@ -39,10 +39,13 @@ Similarity matrix and relevance (the in-batch convention):
 - ``in_batch=True`` (default): every query is ranked against all D * B documents of the
   batch. ``relevance[b, c * B + b] = labels[b, c]`` (its own documents); every other entry
   is 0 (another query's document is taken as irrelevant), or, with ``teacher=``, the
-  teacher's relevance of that document to query b. Without a teacher the relevance is a
-  :class:`fastrank.TopKRelevance` (each query's D documents), never the (B, D * B) matrix,
-  for the losses whose op takes one (smooth-NDCG: a query's list then costs O(D * B * D),
-  not O((D * B)^2), docs/spec.md §2.1b); Smooth-AP and Kendall SW-HS take the matrix;
+  teacher's relevance of that document to query b. For the losses whose op takes a
+  :class:`fastrank.TopKRelevance` (smooth-NDCG) the relevance is one, never the (B, D * B)
+  matrix: each query's D documents, and with a teacher the ``teacher_topk`` most relevant of
+  the other documents by the teacher (every other document 0), so a query's list costs
+  O(D * B * (D + teacher_topk)), not O((D * B)^2) (docs/spec.md §2.1b);
+  ``teacher_topk=None`` keeps the teacher's whole matrix. Smooth-AP and Kendall SW-HS take
+  the matrix (the teacher's whole);
 - ``in_batch=False``: each query is ranked against its own D documents only: sim and
   relevance are (B, D) (``sim[b, c]`` = similarity of query b and its doc c + 1).
 
@@ -182,6 +185,21 @@ def _tokenizer_of(model):
     return inner if inner is not None and callable(getattr(inner, "batch_decode", None)) else tok
 
 
+def _teacher_topk(teacher: Tensor, cols: Tensor, own: Tensor, k: int) -> TopKRelevance:
+    """Each query's own documents (columns ``cols``, relevance ``own``, (B, D)) first, then the
+    ``k`` documents of the others that the teacher's (B, D * B) relevance ranks highest (ties to
+    the lower column; relevance 0: not listed): a TopKRelevance of D + min(k, D * B - D) entries
+    a query."""
+    from ..relevance import _largest
+    k = min(k, teacher.shape[1] - cols.shape[1])
+    if k == 0:
+        return TopKRelevance(cols, own, teacher.shape[1])
+    values, columns = _largest(teacher.scatter(1, cols, -1.0), k)     # the own documents out of the running
+    columns = torch.where(values > 0, columns, torch.full_like(columns, -1))
+    return TopKRelevance(torch.cat([cols, columns], dim=1), torch.cat([own, values.clamp(min=0)], dim=1),
+                         teacher.shape[1])
+
+
 # ------------------------------------------------------------------------- base class
 class _RankingLoss(nn.Module):
     """The shared part: checks, relevance, similarity. Subclasses define ``_rank``."""
@@ -192,6 +210,9 @@ class _RankingLoss(nn.Module):
     takes_topk = False
     #: the range the labels must lie in: (lo, hi), None = unbounded side
     label_bounds: Tuple[Optional[float], Optional[float]] = (0.0, None)
+    #: with ``takes_topk`` and a teacher: how many of the other documents the teacher's
+    #: relevance keeps a query (None: all of them, the (B, D * B) matrix)
+    teacher_topk: Optional[int] = None
 
     def __init__(self, model, *, in_batch: bool = True, teacher=None,
                  similarity_fct: Callable[[Tensor, Tensor], Tensor] = cos_sim, direction: str = "i2t"):
@@ -313,8 +334,9 @@ class _RankingLoss(nn.Module):
 
     # ------------------------------------------------------------------ relevance
     def _relevance(self, batch: _Batch, dtype, device):
-        """(B, D * B) with in_batch, else (B, D); see the module docstring. In-batch without a
-        teacher, for a loss that ``takes_topk``: a TopKRelevance (each query's D documents)."""
+        """(B, D * B) with in_batch, else (B, D); see the module docstring. In-batch, for a loss
+        that ``takes_topk``: a TopKRelevance (each query's D documents, and with a teacher its
+        ``teacher_topk`` best others)."""
         B, D = batch.B, batch.D
         if batch.labels is not None:
             own = batch.labels
@@ -330,6 +352,8 @@ class _RankingLoss(nn.Module):
         cols = _own_columns(B, D, device)
         if batch.teacher is None and self.takes_topk:
             return TopKRelevance(cols, own, D * B)
+        if self.takes_topk and self.teacher_topk is not None:
+            return _teacher_topk(batch.teacher.to(device=device, dtype=dtype), cols, own, self.teacher_topk)
         if batch.teacher is not None:
             rel = batch.teacher.to(device=device, dtype=dtype).clone()
         else:
@@ -385,12 +409,19 @@ class _RankingLoss(nn.Module):
 class SmoothNDCGLoss(_RankingLoss):
     """Smooth-NDCG (1 - smoothed NDCG per query; docs/spec.md §2.1) on graded relevance.
 
-    ``SmoothNDCGLoss(model, tau=1/300, *, in_batch=True, teacher=None, similarity_fct=cos_sim,
-    direction="i2t")``. Labels: (B, D) graded scores >= 0 (gains 2^r - 1; e.g. in [0, 1]),
-    or (B,) with one document column, or None with ``teacher=``. The value is
-    ``fastrank.smooth_ndcg_loss(sim, relevance, tau, direction)`` with sim and relevance
-    as in the module docstring (mean over the queries); in-batch without a teacher the
-    relevance is a TopKRelevance, so a query costs O(D * B * D), not O((D * B)^2).
+    ``SmoothNDCGLoss(model, tau=1/300, teacher_topk=16, *, in_batch=True, teacher=None,
+    similarity_fct=cos_sim, direction="i2t")``. Labels: (B, D) graded scores >= 0 (gains
+    2^r - 1; e.g. in [0, 1]), or (B,) with one document column, or None with ``teacher=``.
+    The value is ``fastrank.smooth_ndcg_loss(sim, relevance, tau, direction)`` with sim and
+    relevance as in the module docstring (mean over the queries); in-batch the relevance is
+    a TopKRelevance, so a query costs O(D * B * D) without a teacher, not O((D * B)^2).
+
+    ``teacher_topk`` (with ``teacher=``, in-batch): besides its own D documents, each query
+    keeps the teacher's relevance of the ``teacher_topk`` other documents it ranks highest,
+    every other document 0, so a query costs O(D * B * (D + teacher_topk)): a teacher costs
+    about what labels do. ``None`` keeps the teacher's whole (B, D * B) matrix (every pair of a
+    query's list: O((D * B)^2) a query). The value is that of the whole matrix wherever the
+    teacher's top ``teacher_topk`` holds every nonzero relevance of a query's other documents.
 
     ``tau`` defaults to 1/300 (about 0.0033), not the paper's 0.01 that the functional loss
     keeps: the ``quality`` benchmark case's search (fine-tuning MiniLM on the Lee documents'
@@ -399,15 +430,16 @@ class SmoothNDCGLoss(_RankingLoss):
 
     takes_topk = accepts_topk(smooth_ndcg_loss)
 
-    def __init__(self, model, tau: float = 1 / 300, **kwargs):
+    def __init__(self, model, tau: float = 1 / 300, teacher_topk: Optional[int] = 16, **kwargs):
         super().__init__(model, **kwargs)
         self.tau = V.check_positive(tau, "tau")
+        self.teacher_topk = None if teacher_topk is None else V.check_int(teacher_topk, "teacher_topk")
 
     def _rank(self, sim, relevance):
         return smooth_ndcg_loss(sim, relevance, tau=self.tau, direction=self.direction)
 
     def get_config_dict(self):
-        return {"tau": self.tau, **super().get_config_dict()}
+        return {"tau": self.tau, "teacher_topk": self.teacher_topk, **super().get_config_dict()}
 
 
 class SmoothAPLoss(_RankingLoss):
