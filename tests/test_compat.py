@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import fastrank
-from _open_clip import open_clip_loss_module
 from fastrank.compat import ClipLoss, ContrastiveLoss, approxNDCGLoss
+from fastrank.compat.open_clip import original_loss_module
 
 NATIVE_CPU = fastrank.backends()["cpu"]
 CUDA = torch.cuda.is_available()
@@ -328,8 +328,8 @@ def clip_oracle(img, txt, logit_scale, logit_bias=None):
 
 
 def open_clip_original():
-    """open_clip's ClipLoss class when open_clip_torch is installed, else None (tests/_open_clip.py)."""
-    mod = open_clip_loss_module()
+    """open_clip's ClipLoss class when open_clip_torch is installed, else None."""
+    mod = original_loss_module()
     return None if mod is None else mod.ClipLoss
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fastrank
+from fastrank.compat.open_clip import original_loss_module
 from _cuda_matrix import EMULATED
 from _largest_tensor import LargestTensor
-from _open_clip import open_clip_loss_module
 
 IMPLS = ["native", "reference"]
 BLOCKS = [None, 1, 3, 64]
@@ -121,7 +121,7 @@ def test_positives_none_is_the_diagonal():
 # ---------------------------------------------------------------- open_clip
 @pytest.fixture(scope="module")
 def open_clip():
-    mod = open_clip_loss_module()
+    mod = original_loss_module()
     if mod is None:
         pytest.skip("open_clip_torch is not installed (pip install --no-deps open_clip_torch)")
     return mod

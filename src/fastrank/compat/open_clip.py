@@ -37,6 +37,25 @@ LISTWISE_LOSSES = {name: row.functional for name, row in compat_losses("open_cli
 _DATA_ARGS = ("sim", "relevance", "mask")
 
 
+def original_loss_module():
+    """open_clip's own ``loss.py`` (its ClipLoss, SigLipLoss) as a module when open_clip_torch is
+    installed, else None: what the parity tests and the benchmarks compare against. The file
+    needs only torch, so it is loaded alone: open_clip's ``__init__`` imports torchvision, which
+    fails beside a torch it was not built for (install open_clip_torch with ``--no-deps``)."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "loss.py"
+    if not path.exists():
+        return None
+    mod_spec = importlib.util.spec_from_file_location("_open_clip_loss_original", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
 def _listwise_params(name: str) -> set:
     sig = inspect.signature(LISTWISE_LOSSES[name])
     return {p for p in sig.parameters if p not in _DATA_ARGS}
