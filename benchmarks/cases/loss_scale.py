@@ -18,6 +18,17 @@ t2i lists are the columns of the same matrix):
 - ``embeddings``: ``smooth_ndcg_loss_from_embeddings(q, d, TopKRelevance)``: no (n, m) matrix
   at all (its time includes the similarity matmuls, the others' does not: sim is an input).
 
+The contrastive losses (docs/spec.md §2.12; ``info_nce`` and ``siglip``), forward and backward
+on n image and n text embeddings (unit rows of 512 dimensions, the diagonal positives, the
+learnable scale 1 / 0.07 and SigLIP's bias -10), every time from the embeddings (the matmul
+included):
+
+- ``embeddings``: ``info_nce_loss_from_embeddings`` / ``siglip_loss_from_embeddings``, block by
+  block: no (n, n) logits;
+- ``matrix``: the same functions with ``impl="reference"``: the (n, n) logits in plain PyTorch;
+- ``open_clip``: open_clip's own ``ClipLoss`` / ``SigLipLoss`` (skipped when open_clip_torch is
+  not installed).
+
 Time: the first call, or the median of 2 more when it took under 5 s. Peak extra memory of the
 first call (benchmarks/memory.py: the RSS high-water mark on the CPU). A point predicted (from the
 previous size of the same row, as n^3 for dense and n^2 for the others) to take longer than
@@ -28,6 +39,7 @@ out-of-memory point on this machine.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Dict, List
 
@@ -42,20 +54,24 @@ SIZES = {"cpu": (1024, 2048, 4096, 8192, 16384, 32768), "cuda": (4096, 16384, 32
 QUICK_SIZES = (64, 128)
 KS = (8, 32)
 IMPLS = ("dense", "sparse", "topk", "embeddings")
+CONTRASTIVE = ("info_nce", "siglip")
+CONTRASTIVE_IMPLS = ("embeddings", "matrix", "open_clip")
 DIM, TAU = 256, 0.05
+CONTRASTIVE_DIM = 512
 REPEAT_UNDER_S = 5.0
-GROWTH = {"dense": 3.0, "sparse": 2.0, "topk": 2.0, "embeddings": 2.0}
+GROWTH = {"dense": 3.0, "sparse": 2.0, "topk": 2.0, "embeddings": 2.0, "matrix": 2.0, "open_clip": 2.0}
 #: (n, m) float32 matrices a call holds at once: sim and its gradient, the workspace (G of two
-#: directions), the relevance matrix (dense, sparse); embeddings: blocks only
-MATRICES = {"dense": 6, "sparse": 6, "topk": 5, "embeddings": 0}
+#: directions), the relevance matrix (dense, sparse); the contrastive matrix paths: the logits
+#: (open_clip: both directions'), their softmax and gradients; embeddings: blocks only
+MATRICES = {"dense": 6, "sparse": 6, "topk": 5, "embeddings": 0, "matrix": 6, "open_clip": 6}
 
 
-def inputs(n: int, k: int, device: torch.device, seed: int = 0):
-    """q, d (n x 256, unit rows) and the TopKRelevance of k documents a query."""
+def inputs(n: int, k: int, device: torch.device, seed: int = 0, dim: int = DIM):
+    """q, d (n x dim, unit rows) and the TopKRelevance of k documents a query."""
     import fastrank
     g = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(n, DIM, generator=g), dim=1).to(device)
-    d = torch.nn.functional.normalize(torch.randn(n, DIM, generator=g), dim=1).to(device)
+    q = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1).to(device)
+    d = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1).to(device)
     k = min(k, n)
     # k distinct documents a query, evenly spaced from a random one (about k a column too)
     idx = (torch.randint(0, n, (n, 1), generator=g) + torch.arange(k) * (n // k)) % n
@@ -82,9 +98,38 @@ def step(impl: str, q, d, rel) -> Callable[[], None]:
     return run
 
 
-def _record(impl: str, n: int, k: int, device: torch.device) -> dict:
-    return {"op": f"smooth_ndcg k={k}", "group": "loss_scale", "impl": impl, "mode": "forward+backward",
-            "size": {"n": n, "m": n, "k": k, "dim": DIM}, "size_label": f"{n} x {n}", "x": n, "dtype": "float32",
+def contrastive_step(op: str, impl: str, img, txt) -> Callable[[], None]:
+    """One forward + backward of the contrastive loss ``op`` by ``impl`` (the scale and bias learnable)."""
+    import fastrank
+    from fastrank.compat.open_clip import original_loss_module
+    scale0, bias0 = torch.tensor(1 / 0.07, device=img.device), torch.tensor(-10.0, device=img.device)
+    if impl == "open_clip":
+        original = original_loss_module()
+        loss = original.ClipLoss() if op == "info_nce" else original.SigLipLoss()
+    else:
+        ours = fastrank.info_nce_loss_from_embeddings if op == "info_nce" else fastrank.siglip_loss_from_embeddings
+        loss = functools.partial(ours, impl="reference" if impl == "matrix" else "auto")
+
+    def run():
+        a, b = img.detach().requires_grad_(), txt.detach().requires_grad_()
+        s, c = scale0.detach().requires_grad_(), bias0.detach().requires_grad_()
+        (loss(a, b, s) if op == "info_nce" else loss(a, b, s, c)).backward()
+    return run
+
+
+def _unavailable(impl: str):
+    """Why ``impl`` cannot run here, or None."""
+    if impl == "open_clip":
+        from fastrank.compat.open_clip import original_loss_module
+        if original_loss_module() is None:
+            return "open_clip_torch is not installed (pip install --no-deps open_clip_torch)"
+    return None
+
+
+def _record(impl: str, n: int, k: int, device: torch.device, op: str = "", dim: int = DIM) -> dict:
+    size = {"n": n, "m": n, "k": k, "dim": dim} if k else {"n": n, "m": n, "dim": dim}
+    return {"op": op or f"smooth_ndcg k={k}", "group": "loss_scale", "impl": impl, "mode": "forward+backward",
+            "size": size, "size_label": f"{n} x {n}", "x": n, "dtype": "float32",
             "device": str(device), "status": "ok", "reason": None, "time": None, "memory": None}
 
 
@@ -105,10 +150,22 @@ def _guard(prev: Dict[str, dict], impl: str, n: int, limit_s: float, mem_fractio
     return None
 
 
-def measure(impl: str, n: int, k: int, device: torch.device, mem: PeakMemory) -> dict:
-    rec = _record(impl, n, k, device)
-    q, d, rel = inputs(n, k, device)
-    run = step(impl, q, d, rel)
+def _ndcg_cell(impl: str, n: int, device: torch.device, k: int):
+    """The record and the step of smooth-NDCG with k graded documents a query."""
+    return _record(impl, n, k, device), lambda: step(impl, *inputs(n, k, device))
+
+
+def _contrastive_cell(impl: str, n: int, device: torch.device, op: str):
+    """The record and the step of the contrastive loss ``op``."""
+    def make():
+        q, d, _ = inputs(n, 1, device, dim=CONTRASTIVE_DIM)
+        return contrastive_step(op, impl, q, d)
+    return _record(impl, n, 0, device, op=op, dim=CONTRASTIVE_DIM), make
+
+
+def measure(cell: Callable, impl: str, n: int, device: torch.device, mem: PeakMemory) -> dict:
+    rec, make = cell(impl, n, device)
+    run = make()
     rec["loadavg"] = loadavg()
     rec.update(first_call_and_repeats(run, device, mem, REPEAT_UNDER_S))
     return rec
@@ -120,17 +177,24 @@ def run(args, device, save):
     sizes = [n for n in (QUICK_SIZES if args.quick else args.sizes or SIZES[device.type])
              if args.max_n is None or n <= args.max_n]
     ks = KS[:1] if args.quick else KS
-    impls = [i for i in IMPLS if not args.impls or i in args.impls]
+    chosen = [i for i in IMPLS + CONTRASTIVE_IMPLS if not args.impls or i in args.impls]
     limit = args.case_limit or (30.0 if args.quick else 600.0)
     mem = PeakMemory(device)
     records: List[dict] = []
-    for impl in impls:   # untimed: imports, thread pools, first allocations
-        step(impl, *inputs(32, 4, device))()
-    for k in ks:
+    # (op, its implementations, cell(impl, n, device) -> (record, make the step)) of each series
+    series = [(f"smooth_ndcg k={k}", [i for i in IMPLS if i in chosen], functools.partial(_ndcg_cell, k=k))
+              for k in ks]
+    series += [(op, [i for i in CONTRASTIVE_IMPLS if i in chosen], functools.partial(_contrastive_cell, op=op))
+               for op in CONTRASTIVE]
+    for _, impls, cell in series:   # untimed: imports, thread pools, first allocations
+        for impl in impls:
+            if _unavailable(impl) is None:
+                cell(impl, 32, device)[1]()()
+    for op, impls, cell in series:
         prev: Dict[str, dict] = {}
         for n in sizes:
             for impl in impls:
-                why = _guard(prev, impl, n, limit, args.mem_fraction, device)
+                why = _unavailable(impl) or _guard(prev, impl, n, limit, args.mem_fraction, device)
                 if why is None and args.time_limit and impl in prev:
                     left = args.time_limit - (time.monotonic() - t0)
                     r = prev[impl]
@@ -138,14 +202,14 @@ def run(args, device, save):
                     if guess > left:
                         why = f"predicted ~{guess:.0f} s: past the run's --time-limit ({max(left, 0):.0f} s left)"
                 if why is None:
-                    rec = measure(impl, n, k, device, mem)
+                    rec = measure(cell, impl, n, device, mem)
                     prev[impl] = rec
                 else:
-                    rec = _record(impl, n, k, device)
+                    rec = cell(impl, n, device)[0]
                     rec.update(status="skipped", reason=why)
                 records.append(rec)
                 t = rec["time"]
-                print(f"k={k:3d} n={n:6d} {impl:11s}: " + (
+                print(f"{op:14s} n={n:6d} {impl:11s}: " + (
                     f"{t['median_s']:.3g} s, peak {rec['memory']['peak_bytes'] / 1e6:.0f} MB"
                     if rec["status"] == "ok" else f"skipped: {rec['reason']}"), flush=True)
                 save(_payload(args, device, records, machine, t0, sizes, ks, complete=False))
@@ -154,14 +218,20 @@ def run(args, device, save):
 
 def _payload(args, device, records, machine, t0, sizes, ks, complete=True):
     ops = list(dict.fromkeys(r["op"] for r in records))
-    report = {"layout": "times", "baselines": {op: "dense" for op in ops},
-              "ratios": ["dense/sparse", "dense/topk", "dense/embeddings"],
+    report = {"layout": "times", "baselines": {op: "matrix" if op in CONTRASTIVE else "dense" for op in ops},
+              "ratios": ["dense/sparse", "dense/topk", "dense/embeddings", "matrix/embeddings",
+                         "open_clip/embeddings"],
               "x_names": {op: "n (= m)" for op in ops},
               "slopes": {"n^3": 3.0, "n^2": 2.0},
               "method": [f"smooth-NDCG forward + backward, both directions, mean, tau = {TAU}, on n = m unit "
                          f"embeddings of {DIM} dimensions with k graded documents a query; dense: every pair "
                          "(pair_path('dense')); sparse: the same call, the sparse path; topk: a TopKRelevance; "
                          "embeddings: smooth_ndcg_loss_from_embeddings (its time includes the matmuls)",
+                         f"info_nce, siglip: forward + backward on n image and n text unit embeddings of "
+                         f"{CONTRASTIVE_DIM} dimensions, the diagonal positives, learnable scale 1 / 0.07 (and "
+                         "bias -10); embeddings: info_nce_loss_from_embeddings / siglip_loss_from_embeddings "
+                         "(blocks); matrix: the same with impl='reference' (the (n, n) logits); open_clip: its "
+                         "ClipLoss / SigLipLoss; each time includes the matmuls",
                          f"time: the first call, or the median of 2 more when it took under {REPEAT_UNDER_S:g} s; "
                          f"peak extra memory of the first call: {PeakMemory(device).method}"]}
     conf = {"quick": args.quick, "sizes": list(sizes), "ks": list(ks), "threads": args.threads,
@@ -170,6 +240,7 @@ def _payload(args, device, records, machine, t0, sizes, ks, complete=True):
 
 
 CASE = Case("loss_scale", "a graded loss alone against the batch size (n = m up to 32768, k = 8 and 32): smooth-NDCG "
-                          "with every pair, its sparse path, a TopKRelevance, and straight from the embeddings; time "
+                          "with every pair, its sparse path, a TopKRelevance, and straight from the embeddings; and "
+                          "InfoNCE and SigLIP from the embeddings against their matrix paths and open_clip's; time "
                           "and peak memory, the matrix path's out-of-memory point",
-            run, choices={"impls": IMPLS})
+            run, choices={"impls": IMPLS + CONTRASTIVE_IMPLS})
