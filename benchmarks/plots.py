@@ -36,7 +36,7 @@ def _rows(payload: dict):
 
 def plot(payload: dict, path: Path) -> Optional[Path]:
     """Write the PNG; None (and no file) when there is nothing to draw."""
-    from . import quality_report
+    from quality import report as quality_report
     if quality_report.is_quality(payload):
         return quality_report.plot(payload, path)
     if (payload.get("report") or {}).get("layout") == "times":

@@ -14,7 +14,7 @@
   The path is relative to the markdown file. Keys: ``columns`` (tables.py's tokens),
   ``ops``, ``modes``, ``max_n``, ``min_n``, ``row_label`` and ``op_label`` (the size and
   op columns' titles); ``layout=quality`` (with ``ref``) for a training-quality result
-  (quality_report.py), ``layout=quality-verdicts`` (``columns`` of differences, ``rows`` the
+  (quality/report.py), ``layout=quality-verdicts`` (``columns`` of differences, ``rows`` the
   losses) for its win / tie / lose table per list length; ``layout=isa`` (no ``columns``) for
   the CPU-level table that cases/isa.py renders into its result; ``layout=cuda-status`` (the
   path a folder of result files, no ``columns``; ``files`` for one line on those sources) for
@@ -34,7 +34,9 @@ import re
 from pathlib import Path
 from typing import List
 
-from . import cuda_status, gpu_tests, plots, quality_report, tables
+from quality import report as quality_report
+
+from . import cuda_status, gpu_tests, plots, tables
 from .cli_args import A
 from .results import is_partial, load
 
@@ -85,10 +87,10 @@ def render_block(spec: dict, base: Path) -> str:
     path = (base / spec["file"]).resolve()
     payload = load(path)
     rel = os.path.relpath(path, base)
-    if spec.get("layout") == "quality-verdicts":   # quality_report.py: win / tie / lose per list length
+    if spec.get("layout") == "quality-verdicts":   # quality/report.py: win / tie / lose per list length
         return (f"From [`{rel}`]({rel}): {tables.provenance(payload)}.\n\n"
                 + quality_report.verdict_table(payload, _csv(spec["columns"]), _csv(spec.get("rows"))) + "\n")
-    if spec.get("layout") == "quality":   # quality_report.py: a row per loss
+    if spec.get("layout") == "quality":   # quality/report.py: a row per loss
         recs = quality_report.select(payload, _csv(spec.get("ops")))
         if not recs:
             raise ValueError(f"{spec['file']}: no record matches {spec}")

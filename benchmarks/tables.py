@@ -201,7 +201,7 @@ def provenance(payload: dict) -> str:
 
 def markdown(payload: dict) -> str:
     """The ``.md`` of a result: how it was measured, then a table per op and mode."""
-    from . import quality_report
+    from quality import report as quality_report
     if quality_report.is_quality(payload):   # a training-quality result: a row per loss, its metrics
         return quality_report.markdown(payload, provenance(payload))
     recs, m = payload["results"], payload["machine"]

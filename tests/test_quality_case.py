@@ -1,4 +1,4 @@
-"""The quality benchmark case (benchmarks/cases/quality.py) is a fair comparison by construction:
+"""The quality study (quality/study.py, run as ``python -m benchmarks quality``) is a fair comparison by construction:
 
 - the split halves are disjoint and cover the items; training batches come from the train
   half only (the test half is never asked for while batches are built), evaluation pairs
@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import jobs as jobs_  # noqa: E402
-from benchmarks import judgments as J  # noqa: E402
-from benchmarks import quality_search as S  # noqa: E402
-from benchmarks import quality_report  # noqa: E402
-from benchmarks.cases import quality as Q  # noqa: E402
+from quality import judgments as J  # noqa: E402
+from quality import report as quality_report  # noqa: E402
+from quality import search as S  # noqa: E402
+from quality import study as Q  # noqa: E402
 
 
 def _have_gensim_data():

@@ -5,7 +5,7 @@ again (``inner_split``: a seeded permutation, ``INNER_VAL`` of them held out), t
 inner train items at the longest list they allow, scores on the inner held-out items' pairs and
 keeps the best trial. Every loss gets the same two-stage budget:
 
-1. the learning rate: each of ``LRS``, the loss at its grid's centre (cases/quality.py
+1. the learning rate: each of ``LRS``, the loss at its grid's centre (quality/study.py
    ``GRID_CENTRE``: its library's defaults on the day the search was fixed);
 2. the loss's own parameters at that learning rate: the centre times each of ``FACTORS`` (a
    temperature, scale, or Kendall SW-HS's window width and stride together); a loss without

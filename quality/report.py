@@ -1,4 +1,4 @@
-"""The tables and the picture of a training-quality result (cases/quality.py): a row per loss,
+"""The tables and the picture of a training-quality result (quality/study.py): a row per loss,
 the ranking metrics on the held-out halves (mean ± std over the splits) and the paired
 difference against a reference loss.
 

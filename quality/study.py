@@ -6,13 +6,13 @@ real human judgments.
     python -m benchmarks quality --full --resume # go on with a full run that was cut (its job log)
     python -m benchmarks quality --quick         # 1 split, 1 step, 16 tokens, few test items (the smoke run)
 
-Data (benchmarks/judgments.py; gensim's test data, the ``quality`` extra): Lee (50 news
+Data (quality/judgments.py; gensim's test data, the ``quality`` extra): Lee (50 news
 documents, every pair rated: each document ranks the others) and SimLex-999 (999 rated word
 pairs: a word ranks only the words it was rated against, lists of 2 here). Each split puts the
 items (documents, words) into two disjoint halves by a seeded permutation; every loss trains on
 the pairs inside the train half and is evaluated on the pairs inside the test half: no test item
 is ever seen in training, and the hyper-parameters are chosen on the train half alone
-(quality_search.py: an inner split of the train items).
+(quality/search.py: an inner split of the train items).
 
 **List length is the axis.** On Lee each bi-encoder step holds K documents, each ranking the
 other K - 1 (K in ``lengths``: 3, 6, 12, 25 in the full setting; 25 is the whole train half, every
@@ -75,12 +75,13 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from .. import jobs as J_
-from .. import judgments as J
-from .. import quality_search as S
-from ..case import Case, payload
-from ..results import loadavg, machine_info
-from ..timing import summarize
+from benchmarks import jobs as J_
+from benchmarks.case import Case, payload
+from benchmarks.results import loadavg, machine_info
+from benchmarks.timing import summarize
+
+from . import judgments as J
+from . import search as S
 
 #: the settings, fixed in advance (never chosen on a test half). lengths: documents per Lee
 #: bi-encoder step (each ranks the other K - 1); ce_list: documents per cross-encoder query
@@ -88,7 +89,7 @@ from ..timing import summarize
 #: job costs about two K = 25 bi-encoder jobs); datasets: Lee (graded lists of up to 49) and
 #: SimLex-999 (lists of 2: a pairwise control, not a listwise test); simlex_b, simlex_d: SimLex
 #: anchors per step and partners per anchor; search: whether the learning rate and parameters
-#: are searched (quality_search.py) or fixed (FIXED_LR, defaults).
+#: are searched (quality/search.py) or fixed (FIXED_LR, defaults).
 SETTINGS = {
     "quick": dict(splits=1, steps=1, ce_steps=1, lengths=(3, 4), bi_tokens=16, ce_tokens=16, ce_list=3, ce_splits=1,
                   datasets=("Lee", "SimLex-999"), simlex_b=4, simlex_d=2, max_test_items=8, search=True),
@@ -321,13 +322,13 @@ def predict(model, kind: str, texts: List[str], pairs: np.ndarray) -> np.ndarray
 
 
 def ndcg_at(pred: np.ndarray, gold: np.ndarray, k: int = 10) -> Optional[float]:
-    gains = np.power(2.0, gold) - 1.0
-    disc = 1.0 / np.log2(np.arange(2, min(k, len(gold)) + 2))
-    ideal = float(np.sort(gains)[::-1][:k] @ disc)
-    if ideal <= 0:
+    """NDCG@k of one list by ``fastrank.metrics.ndcg`` (gains 2^r - 1, tied scores sharing the
+    mean discount of the positions they span, as sklearn); None for a list without gain."""
+    if not np.any(gold > 0):
         return None
-    order = np.argsort(-pred, kind="stable")[:k]
-    return float(gains[order] @ disc) / ideal
+    from fastrank.metrics import ndcg
+    pred_row, gold_row = (torch.as_tensor(np.asarray(a, dtype=np.float64)).view(1, -1) for a in (pred, gold))
+    return float(ndcg(pred_row, gold_row, k=k)["i2t"])
 
 
 def metrics(pairs: np.ndarray, gold: np.ndarray, pred: np.ndarray) -> Dict[str, Optional[float]]:
@@ -433,7 +434,7 @@ def make_job(conf: dict, stage: str, dataset: str, kind: str, k: Optional[int], 
 
 def search_jobs(conf: dict, data: J.Judgments, split: int, train, stage: str,
                 chosen_lr: Optional[Dict[str, float]] = None) -> List[dict]:
-    """The search's trials of one split and data set (quality_search.py): ``stage`` "lr" (each
+    """The search's trials of one split and data set (quality/search.py): ``stage`` "lr" (each
     learning rate, default parameters) or "params" (each other parameter value at the learning
     rate ``chosen_lr[loss]``). Only the train items are an argument: the inner split is theirs."""
     inner_train, inner_val = S.inner_split(train, SEED + split)
@@ -644,7 +645,7 @@ def _payload(args, device, records, machine, t0, conf, chosen, complete=True):
     summarize_quality(records)
     ops = list(dict.fromkeys(r["op"] for r in records))
     search = (f"learning rate and each loss's parameters searched per split on the train half alone "
-              f"(quality_search.py: inner split, {S.INNER_VAL:.0%} of the train items held out, at the longest "
+              f"(quality/search.py: inner split, {S.INNER_VAL:.0%} of the train items held out, at the longest "
               f"list they allow): lr in {', '.join(f'{x:g}' for x in conf['lrs'])} at each grid's centre (the "
               f"library defaults of 2026-11-28), then the centre x {', '.join(f'{x:.3g}' for x in conf['factors'])} "
               f"at the chosen lr; criterion: mean of "
