@@ -259,15 +259,24 @@ def test_teacher_topk_equals_the_whole_teacher_where_it_covers_the_nonzeros(with
     assert abs(float(fewer - whole[0])) > 1e-6               # the truncation shows
 
 
-def test_teacher_topk_is_the_teachers_best_other_documents():
+@pytest.mark.parametrize("ties", [False, True])
+def test_teacher_topk_is_the_teachers_best_other_documents(ties):
     """teacher_topk=k below the nonzeros: the whole-matrix loss of the teacher's relevance with
-    each query's other documents cut to the k it ranks highest."""
+    each query's other documents cut to the k it ranks highest, ties to the lower column (a
+    teacher's relevance rounded to tenths: ties across the k-th place in many rows)."""
     emb, labels, teacher = _teacher_case(seed=1)
+    if ties:
+        teacher = (teacher * 10).ceil() / 10
     B, D = emb[0].shape[0], len(emb) - 1
     own = in_batch_relevance(torch.ones(B, D), B, D) > 0
     k = 2
     rank = torch.argsort(teacher.masked_fill(own, -1.0), dim=1, descending=True, stable=True)
     cut = torch.zeros_like(teacher).scatter_(1, rank[:, :k], teacher.gather(1, rank[:, :k]))
+    if ties:
+        assert bool((teacher.gather(1, rank[:, k - 1:k]) == teacher.gather(1, rank[:, k:k + 1])).float().mean() > 0.3)
+    loss = fst.SmoothNDCGLoss(torch.nn.Identity(), teacher_topk=k)
+    rel = loss._relevance(fst._Batch(B, D, labels, teacher), torch.float64, torch.device("cpu"))
+    assert rel.k == D + k and torch.equal(rel.to_dense(), in_batch_relevance(labels, B, D, cut))
     cut = torch.where(own, teacher, cut)
     for a, b in zip(_teacher_loss(k, emb, labels, teacher), _teacher_loss(None, emb, labels, cut)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

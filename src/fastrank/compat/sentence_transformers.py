@@ -185,19 +185,28 @@ def _tokenizer_of(model):
     return inner if inner is not None and callable(getattr(inner, "batch_decode", None)) else tok
 
 
-def _teacher_topk(teacher: Tensor, cols: Tensor, own: Tensor, k: int) -> TopKRelevance:
-    """Each query's own documents (columns ``cols``, relevance ``own``, (B, D)) first, then the
-    ``k`` documents of the others that the teacher's (B, D * B) relevance ranks highest (ties to
-    the lower column; relevance 0: not listed): a TopKRelevance of D + min(k, D * B - D) entries
-    a query."""
-    from ..relevance import _largest
-    k = min(k, teacher.shape[1] - cols.shape[1])
+def _teacher_topk(teacher: Tensor, own: Tensor, k: int) -> TopKRelevance:
+    """Each query's own documents (relevance ``own``, (B, D), on its device) first, then the
+    ``k`` other documents that the teacher's (B, D * B) relevance (on the CPU, as the teacher
+    returns it) ranks highest, ties to the lower column (relevance 0: not listed): a
+    TopKRelevance of D + min(k, D * B - D) entries a query, on ``own``'s device and dtype."""
+    B, D = own.shape
+    cols = _own_columns(B, D, teacher.device)
+    k = min(k, teacher.shape[1] - D)
     if k == 0:
-        return TopKRelevance(cols, own, teacher.shape[1])
-    values, columns = _largest(teacher.scatter(1, cols, -1.0), k)     # the own documents out of the running
+        return TopKRelevance(cols.to(own.device), own, teacher.shape[1])
+    others = teacher.scatter(1, cols, -1.0)                     # the own documents out of the running
+    values, columns = torch.topk(others, min(k + 1, others.shape[1]), dim=1)
+    if values.shape[1] > k:
+        # a tie across the k-th place: those rows again, the tied columns taken lowest first
+        tied = (values[:, k - 1] == values[:, k]).nonzero().flatten()   # the teacher's relevance is on the CPU
+        if tied.numel():
+            from ..relevance import _largest
+            values[tied, :k], columns[tied, :k] = _largest(others[tied], k)
+        values, columns = values[:, :k], columns[:, :k]
     columns = torch.where(values > 0, columns, torch.full_like(columns, -1))
-    return TopKRelevance(torch.cat([cols, columns], dim=1), torch.cat([own, values.clamp(min=0)], dim=1),
-                         teacher.shape[1])
+    return TopKRelevance(torch.cat([cols, columns], dim=1).to(own.device),
+                         torch.cat([own, values.clamp(min=0).to(own)], dim=1), teacher.shape[1])
 
 
 # ------------------------------------------------------------------------- base class
@@ -353,7 +362,7 @@ class _RankingLoss(nn.Module):
         if batch.teacher is None and self.takes_topk:
             return TopKRelevance(cols, own, D * B)
         if self.takes_topk and self.teacher_topk is not None:
-            return _teacher_topk(batch.teacher.to(device=device, dtype=dtype), cols, own, self.teacher_topk)
+            return _teacher_topk(batch.teacher, own, self.teacher_topk)
         if batch.teacher is not None:
             rel = batch.teacher.to(device=device, dtype=dtype).clone()
         else:
