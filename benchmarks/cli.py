@@ -153,8 +153,8 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
         from . import report
         return report.main(argv[1:])
     if argv[:1] == ["cuda_resources"]:
-        from . import cuda_resources
-        return cuda_resources.main(argv[1:])
+        from .cuda import resources
+        return resources.main(argv[1:])
     if argv[:1] == ["gpu_tests"]:
         from . import gpu_tests
         return gpu_tests.main(argv[1:])

@@ -30,7 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import cli as bench_cli  # noqa: E402
-from benchmarks import cuda_resources, profile_call, report  # noqa: E402
+from benchmarks import profile_call, report  # noqa: E402
+from benchmarks.cuda import resources as cuda_resources  # noqa: E402
 from fastrank import cli as fastrank_cli  # noqa: E402
 
 FLAG = "no bad value possible (a flag without a value)"

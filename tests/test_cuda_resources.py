@@ -1,7 +1,7 @@
 """Every CUDA kernel's registers, spills, shared memory and occupancy on sm_80 and sm_90
-(benchmarks/cuda_resources.py): no local-memory spill in a float32 / float16 / bfloat16
+(benchmarks/cuda/resources.py): no local-memory spill in a float32 / float16 / bfloat16
 kernel, every kernel found, every pair loop within its budget of SASS instructions and MUFU
-operations a pair (benchmarks/sass.py), and docs/cuda-resources.md generated from the current
+operations a pair (benchmarks/cuda/sass.py), and docs/cuda-resources.md generated from the current
 sources (the resources, the pair loops and the issue-time model's predictions).
 
 The build check runs wherever nvcc is found (CI builds the CUDA module whenever it is), and
@@ -21,7 +21,7 @@ import fastrank  # first: the package under test (installed by `make test`) stay
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the benchmarks package of the checkout (it is not installed)
     sys.path.append(str(ROOT))
-from benchmarks import cuda_resources as cr  # noqa: E402
+from benchmarks.cuda import resources as cr  # noqa: E402
 
 
 # ---- the occupancy calculator, by hand --------------------------------------------------

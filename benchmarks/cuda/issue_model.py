@@ -6,7 +6,7 @@ of the call takes
     t_pass = max(I / issue rate, U / MUFU rate, B / copy bandwidth)
 
 where I = sum over its pair loops of (SASS instructions a pair x pairs), U likewise with the
-MUFU operations a pair (counted in the cubin: benchmarks/sass.py), and B the bytes the pass
+MUFU operations a pair (counted in the cubin: benchmarks/cuda/sass.py), and B the bytes the pass
 must move to and from DRAM; the call's time is the sum over its passes. The rates are the
 H100's measured ceilings (results/cuda-2026-11-26-floors.json): the issue rate is the fp32
 FMA rate (one warp instruction per scheduler and clock, 128 thread-instructions per SM and
@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ROOT / "benchmarks" / "results" / "cuda-2026-11-26-floors.json"
 F32 = 4  # bytes of a float32 element (sim, the accumulation type)
 
