@@ -61,13 +61,13 @@ def info_nce_forward(img: Tensor, txt: Tensor, logit_scale: Tensor, positives: T
     col_sum = img.new_zeros((m,), dtype=acc)
     positive = img.new_zeros((n,), dtype=acc)
     for start, stop, _, G in _blocks(img, txt, block):
-        S = scale * G
+        S = G.mul_(scale)
         positive[start:stop] = _at_positives(S, positives, start, stop)
         if direction != "t2i":
             row_lse[start:stop] = torch.logsumexp(S, dim=1)
         if direction != "i2t":   # online logsumexp of each column over the blocks
             new_max = torch.maximum(col_max, S.amax(dim=0))
-            col_sum = col_sum * torch.exp(col_max - new_max) + torch.exp(S - new_max).sum(dim=0)
+            col_sum = col_sum * torch.exp(col_max - new_max) + S.sub_(new_max).exp_().sum(dim=0)
             col_max = new_max
     col_lse = col_max + torch.log(col_sum) if direction != "i2t" else col_sum
     parts = []
@@ -98,16 +98,20 @@ def info_nce_gradients(grad: Tensor, img: Tensor, txt: Tensor, logit_scale: Tens
     g_txt = torch.zeros(txt.shape, dtype=acc, device=txt.device)
     g_scale = img.new_zeros((), dtype=acc)
     for start, stop, A_b, G in _blocks(img, txt, block):
-        S = scale * G
-        dS = torch.zeros_like(S)
-        if direction != "t2i":
-            dS += w[start:stop, None] * torch.exp(S - row_lse[start:stop, None])
-        if direction != "i2t":
-            dS += U * torch.exp(S - col_lse)
+        S = G * scale
+        if direction == "i2t":
+            dS = S.sub_(row_lse[start:stop, None]).exp_().mul_(w[start:stop, None])
+        elif direction == "t2i":
+            dS = S.sub_(col_lse).exp_().mul_(U)
+        else:
+            dS = torch.sub(S, row_lse[start:stop, None]).exp_().mul_(w[start:stop, None])
+            dS.add_(S.sub_(col_lse).exp_().mul_(U))
         dS.scatter_add_(1, positives[start:stop, None], -both[start:stop, None])
-        g_scale += (dS * G).sum()
-        g_img[start:stop] = scale * (dS @ B)
-        g_txt += scale * (dS.t() @ A_b)
+        g_scale += torch.dot(dS.view(-1), G.view(-1))
+        torch.mm(dS, B, out=g_img[start:stop])
+        g_txt.addmm_(dS.t(), A_b)
+    g_img.mul_(scale)
+    g_txt.mul_(scale)
     return g_img.to(img.dtype), g_txt.to(txt.dtype), g_scale.to(logit_scale.dtype).reshape(logit_scale.shape)
 
 
@@ -160,7 +164,7 @@ info_nce_from_embeddings.register_autograd(_info_nce_backward, setup_context=_in
 # ---------------------------------------------------------------- SigLIP
 def _signed_logits(G: Tensor, scale: Tensor, bias: Tensor, positives: Tensor, start: int, stop: int) -> Tensor:
     """z_ij * (scale * G_ij + bias) of a block: the logits, negated but at the positives."""
-    X = -(scale * G + bias)
+    X = torch.mul(G, -scale).sub_(bias)
     cols = positives[start:stop, None]
     return X.scatter_(1, cols, -X.gather(1, cols))
 
@@ -189,13 +193,15 @@ def siglip_gradients(grad: Tensor, img: Tensor, txt: Tensor, logit_scale: Tensor
     g_bias = img.new_zeros((), dtype=acc)
     for start, stop, A_b, G in _blocks(img, txt, block):
         X = _signed_logits(G, scale, bias, positives, start, stop)
-        dL = w[start:stop, None] * torch.sigmoid(-X)          # -z sigma(-X): z = -1 off the positives ...
+        dL = X.neg_().sigmoid_().mul_(w[start:stop, None])    # -z sigma(-X): z = -1 off the positives ...
         cols = positives[start:stop, None]
         dL.scatter_(1, cols, -dL.gather(1, cols))             # ... z = 1 at them
-        g_scale += (dL * G).sum()
+        g_scale += torch.dot(dL.view(-1), G.view(-1))
         g_bias += dL.sum()
-        g_img[start:stop] = scale * (dL @ B)
-        g_txt += scale * (dL.t() @ A_b)
+        torch.mm(dL, B, out=g_img[start:stop])
+        g_txt.addmm_(dL.t(), A_b)
+    g_img.mul_(scale)
+    g_txt.mul_(scale)
     return (g_img.to(img.dtype), g_txt.to(txt.dtype), g_scale.to(logit_scale.dtype).reshape(logit_scale.shape),
             g_bias.to(logit_bias.dtype).reshape(logit_bias.shape))
 
