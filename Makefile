@@ -106,7 +106,7 @@ wheel: $(WHEEL_STAMP)
 	@ls dist/fastrank-*.whl
 
 # The wheel installed as a user installs it, tested: .ci/test-wheel (a fresh venv, no compiler
-# on PATH, the source tree not importable, each CPU level forced in turn for the native ops).
+# on PATH, the source tree not importable: the tests marked wheel, every CPU level among them).
 test-wheel: wheel
 	.ci/test-wheel dist/fastrank-*.whl
 
