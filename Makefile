@@ -1,8 +1,12 @@
 # The two commands of the README, each installing what it needs into .venv:
 #   make demo   train the seed recipes on the built-in demo data (fastrank demo)
-#   make test   the whole test suite (.ci/run calls it)
-# and for contributors (CONTRIBUTING.md):
-#   make test-fast  the suite without the slow and the emulated-CUDA tests
+#   make test   the whole behaviour, each thing tested once: the suite without the tests marked
+#               slow or emulated (pyproject.toml's markers), the 25 slowest tests listed
+# and for contributors (CONTRIBUTING.md, docs/developing.md "Tests and what each command runs"):
+#   make test-slow  what is slow by nature: the tests marked slow (the repeated native builds,
+#                   the seeded mutations) or emulated (the CUDA kernels on the SIMT emulator)
+#   make test-all   make test, make test-slow and make test-wheel: what CI runs (.ci/run, after
+#                   make lint and make docs)
 #   make lint       ruff check . (ruff installed into .venv when missing; .ci/run calls it)
 #   make docs       the docs site into site/ (mkdocs build --strict; .ci/run calls it too)
 #   make wheel      dist/fastrank-*-manylinux_*.whl: the wheel users install (.ci/run tests it
@@ -18,7 +22,7 @@ STAMP  := $(VENV)/.fastrank-installed
 SOURCES := $(shell find csrc src -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
            pyproject.toml setup.py CMakeLists.txt
 
-.PHONY: install test test-fast lint demo bench docs wheel test-wheel clean
+.PHONY: install test test-slow test-all lint demo bench docs wheel test-wheel clean
 
 install: $(STAMP)
 
@@ -34,12 +38,17 @@ $(STAMP): $(VENV)/bin/python $(SOURCES)
 	@touch $(STAMP)
 
 # pytest (not `python -m pytest`) so that the installed package, with its native
-# modules, is imported rather than the source tree.
-test: install
-	FASTRANK_REQUIRE_NATIVE=1 $(VENV)/bin/pytest -q tests
+# modules, is imported rather than the source tree. --durations=25: the slowest tests, so that
+# growth shows in every run (CI's log too).
+PYTEST := FASTRANK_REQUIRE_NATIVE=1 $(VENV)/bin/pytest -q --durations=25
 
-test-fast: install
-	FASTRANK_REQUIRE_NATIVE=1 $(VENV)/bin/pytest -q -m "not slow and not emulated" tests
+test: install
+	$(PYTEST) -m "not slow and not emulated" tests
+
+test-slow: install
+	$(PYTEST) -m "slow or emulated" tests
+
+test-all: test test-slow test-wheel
 
 # ruff alone (no build of fastrank), the version the test extra of pyproject.toml names
 RUFF_SPEC := $(shell sed -n 's/.*"\(ruff[^"]*\)".*/\1/p' pyproject.toml | head -n 1)
@@ -98,7 +107,7 @@ wheel: $(WHEEL_STAMP)
 	@ls dist/fastrank-*.whl
 
 # The wheel installed as a user installs it, tested: .ci/test-wheel (a fresh venv, no compiler
-# on PATH, the source tree not importable, each CPU level forced in turn for the native ops).
+# on PATH, the source tree not importable: the tests marked wheel, every CPU level among them).
 test-wheel: wheel
 	.ci/test-wheel dist/fastrank-*.whl
 

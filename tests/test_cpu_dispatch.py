@@ -28,6 +28,7 @@ import pytest
 import fastrank
 from fastrank import _native
 
+pytestmark = pytest.mark.wheel
 REPO = Path(__file__).resolve().parents[1]
 B = fastrank.backends()
 needs_cpu = pytest.mark.skipif(not B["cpu"], reason="native CPU module not built")

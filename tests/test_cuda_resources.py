@@ -4,9 +4,10 @@ kernel, every kernel found, every pair loop within its budget of SASS instructio
 operations a pair (benchmarks/cuda/sass.py), and docs/cuda-resources.md generated from the current
 sources (the resources, the pair loops and the issue-time model's predictions).
 
-The build check runs wherever nvcc is found (CI builds the CUDA module whenever it is), and
-fails rather than skips when the CUDA module was built but nvcc cannot be found. The
-occupancy calculator and the parsers are checked everywhere, on hand-worked cases.
+The build check (marked slow: make test-slow, CI) runs wherever nvcc is found (CI builds the
+CUDA module whenever it is), and fails rather than skips when the CUDA module was built but
+nvcc cannot be found. The occupancy calculator and the parsers are checked everywhere, on
+hand-worked cases.
 """
 import os
 import shutil
@@ -118,6 +119,11 @@ def _cuda_module_built() -> bool:
     return bool(fastrank.backends().get("cuda_built"))
 
 
+# the checks below compile every kernel with nvcc for sm_80 and sm_90 (a minute or more on two
+# cores): a build, slow by nature, so make test-slow (CI) runs them, not make test
+compiles = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def kernels():
     if cr.find_nvcc() is None:
@@ -135,6 +141,7 @@ def kernels():
     return cr.collect(jobs=os.cpu_count() or 2)
 
 
+@compiles
 def test_every_kernel_is_compiled_for_sm80_and_sm90(kernels):
     expected = set(cr.source_kernels())
     assert len(expected) >= 15, f"too few __global__ functions found in csrc: {sorted(expected)}"
@@ -150,18 +157,21 @@ def test_every_kernel_is_compiled_for_sm80_and_sm90(kernels):
     assert {"float", "double", "__half", "__nv_bfloat16"} <= types
 
 
+@compiles
 def test_no_spills_in_float32_float16_bfloat16_kernels(kernels):
     spilling = [f"{k.name} ({k.source}, sm_{k.arch}): {k.spill_stores} B stores / {k.spill_loads} B loads"
                 for k in kernels if k.element_type != "double" and (k.spill_stores or k.spill_loads)]
     assert not spilling, "local-memory spills:\n" + "\n".join(spilling)
 
 
+@compiles
 def test_no_spills_in_double_kernels_either(kernels):
     spilling = [f"{k.name} ({k.source}, sm_{k.arch}): {k.spill_stores} / {k.spill_loads} B"
                 for k in kernels if k.spill_stores or k.spill_loads]
     assert not spilling, "local-memory spills:\n" + "\n".join(spilling)
 
 
+@compiles
 def test_every_kernel_declares_its_block_size(kernels):
     missing = sorted({k.name for k in kernels if k.threads == 0})
     assert not missing, f"kernels without __launch_bounds__ (their occupancy is unknown): {missing}"
@@ -218,6 +228,7 @@ def test_the_cuda_module_holds_sm80_and_sm90():
     assert {"80", "90"} <= archs, f"the table describes sm_80 and sm_90 code; the module holds {sorted(archs)}"
 
 
+@compiles
 def test_pair_loops_within_their_budgets(kernels):
     """Every marked pair loop is found in the sm_90 SASS, has a budget, and stays within it, in
     every float32, float16 and bfloat16 instantiation."""
@@ -226,6 +237,7 @@ def test_pair_loops_within_their_budgets(kernels):
     assert not bad, "\n".join(bad)
 
 
+@compiles
 def test_the_v2_smooth_ndcg_pair_loops_meet_their_targets(kernels):
     """smooth-NDCG v2: at most 16 instructions and 2 MUFU (one exp, one reciprocal) an unordered
     pair in each pass (the sparse pass: a nonzero-gain item and an item); the model puts N =
@@ -241,6 +253,7 @@ def test_the_v2_smooth_ndcg_pair_loops_meet_their_targets(kernels):
     assert v2.raw_s / eta <= 0.100, v2
 
 
+@compiles
 def test_the_docs_table_is_generated_from_these_sources(kernels):
     text = (ROOT / "docs" / "cuda-resources.md").read_text()
     got = cr.doc_block(text)
@@ -256,6 +269,7 @@ def test_the_docs_table_is_generated_from_these_sources(kernels):
         assert not missing, f"docs/cuda-resources.md lacks {sorted(missing)[:5]} (nvcc {version} there, {nvcc_version} here)"
 
 
+@compiles
 @pytest.mark.parametrize("which", [1, 2])
 def test_the_docs_pair_loop_and_model_tables_are_generated(kernels, which):
     """The pair-loop counts and the model's predictions in docs/cuda-resources.md are what these

@@ -484,7 +484,6 @@ def test_torch_path_matches_numpy_path(monkeypatch):
     assert M.coherent_score(sim, rel, 4) == pytest.approx(ref_cs, abs=1e-12)
 
 
-@pytest.mark.slow
 def test_coco_sized_input_runs_in_blocks():
     # 1000 x 5000 (one COCO 1K fold): every metric, a few seconds on a CPU
     g = torch.Generator().manual_seed(0)

@@ -447,7 +447,6 @@ def sbert_model():
     return st.SentenceTransformer(path, device="cpu")
 
 
-@pytest.mark.slow
 def test_sbert_frozen_and_finetuned(sbert_model):
     caps = CAPTIONS[:2]
     enc = build_text_encoder("sbert", None, E, model=sbert_model)

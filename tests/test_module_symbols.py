@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not shutil.which("objdump"), reason="no objdump (binutils)")
+pytestmark = [pytest.mark.wheel, pytest.mark.skipif(not shutil.which("objdump"), reason="no objdump (binutils)")]
 
 
 def built_modules() -> list:
@@ -40,7 +40,7 @@ def built_modules() -> list:
 
 MODULES = built_modules()
 if not MODULES:
-    pytestmark = [pytestmark, pytest.mark.skip(reason="no native module built")]
+    pytestmark = [*pytestmark, pytest.mark.skip(reason="no native module built")]
 
 
 def objdump(*args) -> str:
