@@ -4,8 +4,8 @@ does it agree with the old one, and was the issue-time model right.
     python benchmarks/kernel_versions.py --out DIR [--time-limit S] [--repeats R]
 
 Both versions are in every build (smooth-NDCG: csrc/cuda/smooth_ndcg.cu is version 2,
-smooth_ndcg_v1.cu version 1); FASTRANK_CUDA_KERNELS=v1 selects version 1 per call
-(csrc/include/fastrank/launch.h), so this script alternates the two on the same inputs, round
+smooth_ndcg_v1.cu version 1); ``fastrank.kernel_variant(version=1)`` selects version 1 per
+call (a field of the call's parameter struct), so this script alternates the two on the same inputs, round
 by round (v1, v2, v1, v2, ...: a drift of the clock or of the load hits both), timing each
 forward+backward call with CUDA events, and reports the medians, their ratio, the largest
 difference between the two versions' losses and gradients, and the model's prediction for
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
 import statistics
 import sys
@@ -68,21 +67,20 @@ def run_case(op_name: str, n: int, dtype: str, repeats: int, deadline: float) ->
 
     results, times = {}, {v: [] for v in VERSIONS}
     for v in VERSIONS:  # warm-up, and each version's result
-        os.environ["FASTRANK_CUDA_KERNELS"] = v
-        results[v] = call()
+        with fastrank.kernel_variant(version=int(v[1:])):
+            results[v] = call()
     torch.cuda.synchronize()
     for _ in range(repeats):
         if time.monotonic() > deadline:
             break
         for v in VERSIONS:
-            os.environ["FASTRANK_CUDA_KERNELS"] = v
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            stop.record()
-            stop.synchronize()
+            with fastrank.kernel_variant(version=int(v[1:])):
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                call()
+                stop.record()
+                stop.synchronize()
             times[v].append(start.elapsed_time(stop) * 1e-3)
-    os.environ.pop("FASTRANK_CUDA_KERNELS", None)
     (l1, g1), (l2, g2) = results["v1"], results["v2"]
     scale = g1.abs().max().clamp_min(1e-30)
     return {"op": op_name, "n": n, "dtype": dtype,

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+import fastrank
 from fastrank import _native
 from fastrank._tolerance import TOLERANCE, low_precision_bound
 
@@ -327,7 +328,7 @@ def sparse_relevance_case(n: int, m: int, seed: int, k: int = 3, ties: bool = Fa
 def forced(path: str, fn: Callable) -> Callable:
     """fn with the graded kernels' pass forced for every list ("dense", "sparse" or "auto")."""
     def call(*args):
-        with _native.pair_path(path):
+        with fastrank.kernel_variant(pair_pass=path):
             return fn(*args)
     return call
 

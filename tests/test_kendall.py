@@ -8,7 +8,10 @@ import _cuda_checks
 import fastrank
 from _cuda_matrix import (EMULATED, SCHEDULES, GradedLossCases, SparseRelevanceCases, case, check_loss, dry_run_launches,
                           each_schedule, launches)
+from fastrank._native import variant_codes
 from fastrank.ops.kendall import kendall_op
+
+PAIR_PASS = variant_codes()[1]  # the pair pass's field of a direct op call
 
 CUDA = fastrank.backends()["cuda_available"]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -172,7 +175,7 @@ def test_pair_test_rounding_matches_reference():
     rel = vals.repeat(3, 1)
     sim = torch.linspace(2, -2, 21).repeat(3, 1)  # every active pair violated
     for alpha in (0.05, 0.1, 0.15, 0.3):
-        loss_n = kendall_op(sim, rel, None, [], alpha, 1, 0)[0]
+        loss_n = kendall_op(sim, rel, None, [], alpha, 1, 0, PAIR_PASS)[0]
         active = rel.unsqueeze(2) > (rel + alpha).unsqueeze(1)
         hinge = torch.relu(sim.unsqueeze(1) - sim.unsqueeze(2))
         loss_r = (hinge * active).sum((1, 2)) / active.sum((1, 2)).clamp(min=1)
@@ -219,7 +222,7 @@ def test_opcheck():
     for s, r in ((sim, rel), (sim.t(), rel.t()), (sim.double(), rel.double())):
         for mk in (None, mask if s.shape == mask.shape else mask.t()):
             for d, red in ((1, 0), (2, 1), (3, 2), (3, 0)):
-                torch.library.opcheck(kendall_op, (s.clone().requires_grad_(True), r, mk, [], 0.1, d, red))
+                torch.library.opcheck(kendall_op, (s.clone().requires_grad_(True), r, mk, [], 0.1, d, red, PAIR_PASS))
 
 
 def test_torch_compile_fullgraph():

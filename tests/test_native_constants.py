@@ -44,7 +44,11 @@ def python_sizes(codes) -> dict:
 def module_sizes(mod) -> dict:
     """The module's constants and its sizes over the grid."""
     out = {"DTYPE_CODE": dict(mod.DTYPE_CODE), "DIRECTION_CODE": dict(mod.DIRECTION_CODE),
-           "REDUCTION_CODE": dict(mod.REDUCTION_CODE), "MAX_KS": int(mod.MAX_KS), "sizes": {}}
+           "REDUCTION_CODE": dict(mod.REDUCTION_CODE), "MAX_KS": int(mod.MAX_KS),
+           "FIELDS": {k: list(v) for k, v in mod.FIELDS.items()},
+           "takes_sparse_pass": [[paths, np, n, bool(mod.takes_sparse_pass(paths, np, n))]
+                                 for paths in (0, 1, 2) for n in (1, 7, 8, 64, 1000) for np in (0, 1, 3, 4, 32, 500)],
+           "sizes": {}}
     for d in mod.DIRECTION_CODE.values():
         for n, m in SHAPES:
             q = mod.query_count(n, m, d)
@@ -63,6 +67,15 @@ def check(exported: dict) -> None:
     assert sorted(exported["DIRECTION_CODE"]) == sorted(DIRECTIONS)
     assert set(exported["DTYPE_CODE"]) == {"float32", "float64", "float16", "bfloat16"}
     assert exported["MAX_KS"] >= len((1, 2, 4, 8, 16))  # recall_at_k's default ks fit
+    # every entry point is declared by an op, with its struct's field names in order (the
+    # stream, CUDA's last field, is added by _launch.call)
+    fields = {k: [f for f in v if f != "stream"] for k, v in exported["FIELDS"].items()}
+    assert fields == {k: list(v) for k, v in _native._declared_fields.items()}
+    # one rule for the sparse or the dense pass of a list (common.h), forced by the pair pass's code
+    codes = _native.PATH_CODE
+    for paths, np, n, sparse in exported["takes_sparse_pass"]:
+        want = 2 * np < n if paths == codes["auto"] else paths == codes["sparse"]
+        assert sparse == want, (paths, np, n)
     expected = python_sizes(exported["DIRECTION_CODE"])
     assert set(exported["sizes"]) == set(expected)
     for key, want in expected.items():
@@ -74,6 +87,28 @@ def test_cpu_module_constants_match_python():
     if mod is None:
         pytest.skip("the CPU module is not built")
     check(module_sizes(mod))
+
+
+FORWARD = "lists rel_dt sim rel mask rel_i2t rel_t2i version paths tau with_grad out ws partials"
+
+
+@pytest.mark.parametrize("fields,shown", [
+    (FORWARD.replace("sim rel", "rel sim"), "rel_dt, rel, sim, mask"),             # two fields swapped
+    (FORWARD.replace("paths", "pass"), "version, pass, tau"),                     # one renamed
+    (FORWARD.replace(" partials", ""), "out, ws)"),                               # one missing
+])
+def test_a_kernel_filled_with_other_field_names_is_refused(fields, shown):
+    """An op's kernel declared with field names other than its struct's, in its order, fails
+    when it is declared, naming both lists (the binder exports the names: fill.h)."""
+    from fastrank.ops._launch import kernel
+    if _native.cpu_module() is None:
+        pytest.skip("the CPU module is not built")
+    with pytest.raises(TypeError) as e:
+        kernel("smooth_ndcg_forward", fields)
+    msg = str(e.value)
+    assert msg.startswith("fields: smooth_ndcg_forward is filled with (") and shown in msg
+    assert "its parameter struct declares (lists, rel_dt, sim, rel, mask, rel_i2t, rel_t2i, version, paths" in msg
+    kernel("smooth_ndcg_forward", FORWARD)  # the struct's own names pass
 
 
 def test_every_code_reaches_the_modules():

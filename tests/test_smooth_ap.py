@@ -412,7 +412,7 @@ def test_cuda_graph_capture_equals_eager(device):
 # ---- CUDA test matrix (marked cuda_matrix) -------------------------------------------------------
 # smooth_ap's and recall_at_k's CUDA kernels (the smooth-rank engine's positive-row kernels:
 # subset_forward_warps, version 2, or subset_forward_kernel, version 1 with
-# FASTRANK_CUDA_KERNELS=v1; subset_finalize, subset_backward_kernel) against the reference,
+# fastrank.kernel_variant(version=1); subset_finalize, subset_backward_kernel) against the reference,
 # with the checks of tests/_cuda_matrix.py: on a GPU, or emulated on the CPU by
 # tests/test_emulated.py; deselected where neither can run (tests/conftest.py).
 TAU = 0.05
@@ -539,28 +539,28 @@ def test_nonfinite_propagates(device, no_finite_check, head, bad):
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 @pytest.mark.parametrize("head", list(HEADS))
 @pytest.mark.parametrize("version,forward", [("v2", "subset_forward_warps"), ("v1", "subset_forward_kernel")])
-def test_launches_per_call(device, head, version, forward, monkeypatch):
-    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
-    s = case(40, 30, seed=10)[0].requires_grad_(True)
-    assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "both", "mean", None).backward()) \
-        == ["subset_transpose_kernel", forward, "subset_finalize", "subset_backward_kernel"]
-    # i2t alone reads sim's rows in place: no transpose
-    s.grad = None
-    assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "i2t", "mean", None).backward()) \
-        == [forward, "subset_finalize", "subset_backward_kernel"]
+def test_launches_per_call(device, head, version, forward):
+    with fastrank.kernel_variant(version=int(version[1:])):
+        s = case(40, 30, seed=10)[0].requires_grad_(True)
+        assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "both", "mean", None).backward()) \
+            == ["subset_transpose_kernel", forward, "subset_finalize", "subset_backward_kernel"]
+        # i2t alone reads sim's rows in place: no transpose
+        s.grad = None
+        assert launches(lambda: HEADS[head]("native")(s, positives(40, 30, seed=10), "i2t", "mean", None).backward()) \
+            == [forward, "subset_finalize", "subset_backward_kernel"]
 
 
 @pytest.mark.cuda_matrix
 @pytest.mark.parametrize("head", list(HEADS))
-def test_version_1_values_and_gradients(device, head, monkeypatch):
+def test_version_1_values_and_gradients(device, head):
     """The engine's version 1 forward stays in the build (the GPU run times both): still checked."""
-    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", "v1")
-    sim, _ = case(33, 17, seed=11)
-    pos = positives(33, 17, seed=11)
-    mask = torch.rand(33, 17, generator=torch.Generator().manual_seed(11)) > 0.3
-    for dtype in (torch.float64, torch.float32):
-        check_loss(HEADS[head]("native"), HEADS[head]("reference"), sim, pos, "both", "mean", mask, dtype=dtype,
-                   device=device)
+    with fastrank.kernel_variant(version=1):
+        sim, _ = case(33, 17, seed=11)
+        pos = positives(33, 17, seed=11)
+        mask = torch.rand(33, 17, generator=torch.Generator().manual_seed(11)) > 0.3
+        for dtype in (torch.float64, torch.float32):
+            check_loss(HEADS[head]("native"), HEADS[head]("reference"), sim, pos, "both", "mean", mask, dtype=dtype,
+                       device=device)
 
 
 @pytest.mark.cuda_matrix
@@ -573,5 +573,6 @@ def test_kernel_error_reaches_python(device):
     s, p = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool)
     out, ws = torch.empty(()), torch.empty(20)
     with pytest.raises(RuntimeError, match="recall_at_k_forward"):
-        mod.recall_at_k_forward(0, 2, 2, 3, 1, s.data_ptr(), 2, 1, p.data_ptr(), 2, 1, 0, 0, 0, 0.1, 1, out.data_ptr(),
-                                ws.data_ptr(), [1.0] * 33, [1.0] * 33, 33, torch.empty(32).data_ptr(), 0)
+        mod.recall_at_k_forward(0, 2, 2, 3, 1, 2, s.data_ptr(), 2, 1, p.data_ptr(), 2, 1, 0, 0, 0, 0.1, 1,
+                                out.data_ptr(), ws.data_ptr(), torch.empty(32).data_ptr(), [1.0] * 33, [1.0] * 33, 33,
+                                0)

@@ -9,9 +9,12 @@ import _cuda_checks
 import fastrank
 from _cuda_matrix import (DIRECTIONS, EMULATED, REDUCTIONS, SCHEDULES, GradedLossCases, SparseRelevanceCases, case,
                           check_loss, dry_run_launches, each_schedule, launches)
+from fastrank._native import variant_codes
 from fastrank._tolerance import low_precision_bound
 from fastrank.ops.smooth_ndcg import smooth_ndcg_backward_op, smooth_ndcg_op
 from fastrank.reference.smooth_ndcg import smooth_ndcg_per_query
+
+V = variant_codes()  # the kernel variant's fields of a direct op call (version, pair pass)
 
 NATIVE_CPU = fastrank.backends()["cpu"]
 CUDA = fastrank.backends()["cuda_available"]
@@ -189,18 +192,18 @@ def test_half_inputs_cpu(dtype):
 def test_opcheck(direction, reduction):
     sim, rel = rand_case(6, 5, seed=9)
     sim.requires_grad_(True)
-    torch.library.opcheck(smooth_ndcg_op, (sim, rel, None, [], 0.1, direction, reduction))
-    loss, ws = smooth_ndcg_op(sim.detach(), rel, None, [], 0.1, direction, reduction)
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, None, [], 0.1, direction, reduction, *V))
+    loss, ws = smooth_ndcg_op(sim.detach(), rel, None, [], 0.1, direction, reduction, *V)
     g = torch.rand(loss.shape, dtype=torch.float64)
-    torch.library.opcheck(smooth_ndcg_backward_op, (g, sim.detach(), None, ws, 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_backward_op, (g, sim.detach(), None, ws, 0.1, direction, reduction, V[0]))
     # transposed view as input, and a mask
     mask = torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.7
-    torch.library.opcheck(smooth_ndcg_op, (sim.detach().t(), rel.t(), mask.t(), [], 0.1, direction, reduction))
-    torch.library.opcheck(smooth_ndcg_op, (sim, rel, mask, [], 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_op, (sim.detach().t(), rel.t(), mask.t(), [], 0.1, direction, reduction, *V))
+    torch.library.opcheck(smooth_ndcg_op, (sim, rel, mask, [], 0.1, direction, reduction, *V))
     # relevance as lists (a TopKRelevance: its rows and columns)
     from fastrank.ops._launch import relevance_lists
     lists = relevance_lists(fastrank.TopKRelevance.from_dense(rel, 3), "both")
-    torch.library.opcheck(smooth_ndcg_op, (sim, None, mask, lists, 0.1, direction, reduction))
+    torch.library.opcheck(smooth_ndcg_op, (sim, None, mask, lists, 0.1, direction, reduction, *V))
 
 
 @needs_native
@@ -696,10 +699,9 @@ def sparse_case(n, m, seed, dtype=torch.float64, k=3, mask=False, ties=False):
 
 
 def path_run(path, sim, rel, tau, direction, reduction, mask=None, weight=None, impl="native"):
-    """(loss, gradient) with the kernels' pair pass forced (``fastrank._native.pair_path``)."""
-    from fastrank._native import pair_path
+    """(loss, gradient) with the kernels' pair pass forced (``fastrank.kernel_variant``)."""
     s = sim.detach().clone().requires_grad_(True)
-    with pair_path(path):
+    with fastrank.kernel_variant(pair_pass=path):
         loss = fastrank.smooth_ndcg_loss(s, rel, tau, direction, reduction, impl=impl, mask=mask)
         w = torch.ones_like(loss) if weight is None else weight
         (g,) = torch.autograd.grad((loss * w).sum(), s)
@@ -749,10 +751,9 @@ def test_sparse_path_reductions_long_lists(reduction):
 @needs_native
 @pytest.mark.parametrize("path", ["sparse", "auto"])
 def test_sparse_path_gradcheck(path):
-    from fastrank._native import pair_path
     sim, rel, msk = sparse_case(5, 9, seed=8, k=2, mask=True)
     sim = (sim * 0.3).requires_grad_(True)
-    with pair_path(path):
+    with fastrank.kernel_variant(pair_pass=path):
         f = lambda s: fastrank.smooth_ndcg_loss(s, rel, 0.1, "both", "none", impl="native", mask=msk)  # noqa: E731
         assert torch.autograd.gradcheck(f, (sim,), eps=1e-7, atol=1e-7, rtol=1e-5)
 
@@ -946,7 +947,7 @@ def test_cuda_mask_low_precision_runs(dtype):
 
 # ---- CUDA test matrix (marked cuda_matrix) -------------------------------------------------------
 # smooth_ndcg's CUDA kernels (version 2: forward_lists, finalize_lists and the smooth-rank
-# engine's elementwise backward; version 1, FASTRANK_CUDA_KERNELS=v1: forward_tiles, finalize,
+# engine's elementwise backward; version 1, fastrank.kernel_variant(version=1): forward_tiles, finalize,
 # backward_tiles) against the reference,
 # with the checks of tests/_cuda_matrix.py: on a GPU, or emulated on the CPU by
 # tests/test_emulated.py; deselected where neither can run (tests/conftest.py).
@@ -1030,58 +1031,58 @@ KERNELS = {"v2": ["forward_lists", "forward_lists", "finalize_lists", "subset_ba
 @pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the launch log is the emulator's")
 @pytest.mark.parametrize("version", ["v2", "v1"])
-def test_one_launch_pair_forward_one_backward(device, version, monkeypatch):
-    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
-    sim, rel = case(40, 30, seed=10)
-    s = sim.requires_grad_(True)
-    assert launches(lambda: native(s, rel, "both", "mean", None).backward()) == KERNELS[version]
+def test_one_launch_pair_forward_one_backward(device, version):
+    with fastrank.kernel_variant(version=int(version[1:])):
+        sim, rel = case(40, 30, seed=10)
+        s = sim.requires_grad_(True)
+        assert launches(lambda: native(s, rel, "both", "mean", None).backward()) == KERNELS[version]
 
 
 @pytest.mark.cuda_matrix
 @pytest.mark.skipif(not EMULATED, reason="the emulator's dry run checks launch shapes without running them")
 @pytest.mark.parametrize("version", ["v2", "v1"])
-def test_many_short_lists_fit_the_grid(device, version, monkeypatch):
+def test_many_short_lists_fit_the_grid(device, version):
     """More than 65535 row tiles (1,048,560 rows of one item): the tiles go on gridDim.x, the
     launches are valid (version 2: a launch a direction, at most 1024 blocks each, a list at a
     time; the scratch is sized by each direction's own lists, not 1024 blocks x the longest).
     Dry run: shapes are checked, nothing is computed."""
-    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", version)
-    n = 65536 * 16 + 1
-    s, rel = torch.zeros(n, 1).requires_grad_(True), torch.zeros(n, 1)
-    shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
-    assert [k for k, _, _ in shapes] == KERNELS[version]
-    if version == "v1":
-        assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
-    else:
-        assert shapes[0][1] == (1024, 1, 1) and shapes[1][1] == (1, 1, 1)
-        assert fastrank._native.emulated_cuda().smooth_ndcg_partials_numel(n, 1, 3) < 10 * n  # flags + 4 (2^21 + 32)
+    with fastrank.kernel_variant(version=int(version[1:])):
+        n = 65536 * 16 + 1
+        s, rel = torch.zeros(n, 1).requires_grad_(True), torch.zeros(n, 1)
+        shapes = dry_run_launches(lambda: native(s, rel, "both", "mean", None).backward())
+        assert [k for k, _, _ in shapes] == KERNELS[version]
+        if version == "v1":
+            assert shapes[0][1] == ((n + 15) // 16, 1, 1) and shapes[2][1] == shapes[0][1]
+        else:
+            assert shapes[0][1] == (1024, 1, 1) and shapes[1][1] == (1, 1, 1)
+            assert fastrank._native.emulated_cuda().smooth_ndcg_partials_numel(n, 1, 3) < 10 * n  # flags + 4 (2^21 + 32)
 
 
 @pytest.mark.cuda_matrix
 @pytest.mark.parametrize("n,m", [(33, 17), (20, 70)])
-def test_version_1_values_and_gradients(device, n, m, monkeypatch):
+def test_version_1_values_and_gradients(device, n, m):
     """Version 1 stays in the build (the GPU run times both): it is still checked, masks included."""
-    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", "v1")
-    sim, rel = case(n, m, seed=n * 100 + m, levels=4)
-    mask = torch.rand(n, m, generator=torch.Generator().manual_seed(n)) > 0.3
-    for dtype in (torch.float64, torch.float32):
-        check_loss(native, reference, sim, rel, "both", "none", dtype=dtype, device=device)
-        check_loss(native, reference, sim, rel, "both", "mean", mask, dtype=dtype, device=device)
+    with fastrank.kernel_variant(version=1):
+        sim, rel = case(n, m, seed=n * 100 + m, levels=4)
+        mask = torch.rand(n, m, generator=torch.Generator().manual_seed(n)) > 0.3
+        for dtype in (torch.float64, torch.float32):
+            check_loss(native, reference, sim, rel, "both", "none", dtype=dtype, device=device)
+            check_loss(native, reference, sim, rel, "both", "mean", mask, dtype=dtype, device=device)
 
 
 @pytest.mark.cuda_matrix
-def test_version_1_takes_lists_as_their_matrix(device, monkeypatch):
+def test_version_1_takes_lists_as_their_matrix(device):
     """Version 1 reads the relevance matrix only: given top-k lists, the op makes their (N, M)
     matrix for it (version 2 never does), with the same values."""
-    monkeypatch.setenv("FASTRANK_CUDA_KERNELS", "v1")
-    sim, rel = case(12, 20, seed=27, levels=4)
-    rel[:, ::2] = 0.0
-    top = fastrank.TopKRelevance.from_dense(rel, 20)
-    mask = torch.rand(12, 20, generator=torch.Generator().manual_seed(27)) > 0.3
-    want = check_loss(native, reference, sim, rel, "both", "none", mask, dtype=torch.float64, device=device)
-    got = check_loss(lambda s, r, d, red, mk: native(s, top.to(s.device), d, red, mk), reference, sim, rel, "both",
-                     "none", mask, dtype=torch.float64, device=device)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with fastrank.kernel_variant(version=1):
+        sim, rel = case(12, 20, seed=27, levels=4)
+        rel[:, ::2] = 0.0
+        top = fastrank.TopKRelevance.from_dense(rel, 20)
+        mask = torch.rand(12, 20, generator=torch.Generator().manual_seed(27)) > 0.3
+        want = check_loss(native, reference, sim, rel, "both", "none", mask, dtype=torch.float64, device=device)
+        got = check_loss(lambda s, r, d, red, mk: native(s, top.to(s.device), d, red, mk), reference, sim, rel, "both",
+                         "none", mask, dtype=torch.float64, device=device)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 class TestGradedLossMatrix(GradedLossCases):

@@ -55,3 +55,24 @@ def test_from_dense_keeps_the_k_largest_and_lists_zeros_as_unused():
     torch.testing.assert_close(top.to_dense(), torch.tensor([[0.0, 0.9, 0.0, 0.5], [0.0, 0.0, 0.0, 0.3]]))
     t32 = top.to(torch.float32)
     assert t32.values.dtype == torch.float32 and t32.indices is top.indices
+
+
+@pytest.mark.parametrize("loss", ["smooth_ndcg_loss", "kendall_loss"])
+def test_a_column_twice_takes_the_later_entry_where_unchecked(loss, no_finite_check):
+    """docs/spec.md §2.1b: where the value check is on, a column listed twice in a row is an
+    error (tests/test_smooth_ndcg.py, test_bad_topk_relevance); where it is off (the CUDA
+    default) the later entry counts, the earlier is ignored: the same matrix on every path
+    (to_dense, the reference, the native kernels' lists in both directions)."""
+    idx = torch.tensor([[0, 2, 0], [1, -1, 1], [3, 4, 2], [4, 4, 4]])
+    val = torch.tensor([[0.9, 0.5, 0.2], [0.3, 0.7, 0.8], [0.1, 0.6, 0.4], [0.5, 0.3, 0.7]], dtype=torch.float64)
+    top = fastrank.TopKRelevance(idx, val, 5)
+    want = torch.zeros(4, 5, dtype=torch.float64)
+    want[0, 0], want[0, 2], want[1, 1], want[2, 3], want[2, 4], want[2, 2], want[3, 4] = 0.2, 0.5, 0.8, 0.1, 0.6, 0.4, 0.7
+    assert torch.equal(top.to_dense(), want)
+    sim = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    fn = getattr(fastrank, loss)
+    for direction in ("i2t", "t2i", "both"):
+        ref = fn(sim, want, direction=direction, reduction="none", impl="reference")
+        for impl in ("reference", "auto"):
+            torch.testing.assert_close(fn(sim, top, direction=direction, reduction="none", impl=impl), ref,
+                                       rtol=1e-12, atol=1e-12)

@@ -11,7 +11,7 @@ each query with k graded documents (relevance uniform in (0, 1], every other doc
 t2i lists are the columns of the same matrix):
 
 - ``dense``: ``smooth_ndcg_loss(sim, relevance matrix)`` with every pair of every list
-  (``fastrank._native.pair_path("dense")``): what the kernels did before the sparse path,
+  (``fastrank.kernel_variant(pair_pass="dense")``): what the kernels did before the sparse path,
   O(n^3);
 - ``sparse``: the same call, each list taking the cheaper pass (the sparse one: O(n^2 k));
 - ``topk``: ``smooth_ndcg_loss(sim, TopKRelevance)``: no (n, m) relevance either;
@@ -82,7 +82,6 @@ def inputs(n: int, k: int, device: torch.device, seed: int = 0, dim: int = DIM):
 def step(impl: str, q, d, rel) -> Callable[[], None]:
     """One forward + backward of ``impl`` (its inputs made before, outside the timing)."""
     import fastrank
-    from fastrank._native import pair_path
     if impl == "embeddings":
         def run():
             a, b = q.detach().requires_grad_(), d.detach().requires_grad_()
@@ -93,7 +92,7 @@ def step(impl: str, q, d, rel) -> Callable[[], None]:
 
     def run():
         sim = sim0.detach().requires_grad_()
-        with pair_path("dense" if impl == "dense" else "auto"):
+        with fastrank.kernel_variant(pair_pass="dense" if impl == "dense" else "auto"):
             fastrank.smooth_ndcg_loss(sim, relevance, tau=TAU).backward()
     return run
 
@@ -225,7 +224,7 @@ def _payload(args, device, records, machine, t0, sizes, ks, complete=True):
               "slopes": {"n^3": 3.0, "n^2": 2.0},
               "method": [f"smooth-NDCG forward + backward, both directions, mean, tau = {TAU}, on n = m unit "
                          f"embeddings of {DIM} dimensions with k graded documents a query; dense: every pair "
-                         "(pair_path('dense')); sparse: the same call, the sparse path; topk: a TopKRelevance; "
+                         "(kernel_variant(pair_pass='dense')); sparse: the same call, the sparse path; topk: a TopKRelevance; "
                          "embeddings: smooth_ndcg_loss_from_embeddings (its time includes the matmuls)",
                          f"info_nce, siglip: forward + backward on n image and n text unit embeddings of "
                          f"{CONTRASTIVE_DIM} dimensions, the diagonal positives, learnable scale 1 / 0.07 (and "

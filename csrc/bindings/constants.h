@@ -37,6 +37,8 @@ inline void export_constants(pybind11::module_& m) {
   paths["dense"] = static_cast<int>(kDensePath);
   paths["sparse"] = static_cast<int>(kSparsePath);
   m.attr("PATH_CODE") = paths;
+  m.def("takes_sparse_pass", &takes_sparse_pass,
+        "whether a list of len items, np of nonzero gain, takes the sparse pass: (paths, np, len)");
   m.attr("MAX_KS") = kMaxKs;
   m.def("query_count", &query_count, "per-query losses of a direction code: n if i2t, + m if t2i");
   m.def("smooth_rank_ws_numel", &smooth_rank_ws_numel,

@@ -41,7 +41,6 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("runtime_version", &fastrank::cuda::runtime_version);
   m.def("archs", [] { return std::string(FASTRANK_CUDA_ARCHS); });
   m.def("synchronize", [] { check(fastrank::cuda::synchronize(), "synchronize"); });
-  m.def("kernel_version", &fastrank::cuda::selected_kernel_version);  // FASTRANK_CUDA_KERNELS, read at every call
   fastrank::bindings::export_constants(m);
   namespace k = fastrank::cuda;
 #define FASTRANK_BACKEND k

@@ -23,6 +23,11 @@
 // order: a braced list is evaluated left to right) by reading that type's Python values.
 // Thin by design: no checks beyond the value types; Python (fastrank/ops/) has validated
 // everything and allocated every output.
+//
+// The names of the fields (FASTRANK_FIELDS after each struct, params.h; checked against the
+// declaration at compile time, their count here) go to the module's FIELDS dict, entry point ->
+// the names in order: the Python side of an op declares the fields it fills, by name, and that
+// declaration fails unless they are these (src/fastrank/ops/_launch.py, kernel).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -154,8 +159,16 @@ class Values {
 // Binds `fn` as m.<name>: P's fields from the positional values, the GIL released around fn.
 template <typename P, typename R> void bind(py::module_& m, const char* name, R (*fn)(const P&)) {
   constexpr int kValues = detail::arity<P>();
-  const std::string doc = std::to_string(kValues) +
-                          " positional values: the fields of the entry point's parameter struct, in declaration order";
+  static_assert(field_count(static_cast<const P*>(nullptr)) == static_cast<int>(detail::element_count<P>()),
+                "the struct's FASTRANK_FIELDS do not name each of its fields");
+  const std::vector<std::string> fields = fields_of(static_cast<const P*>(nullptr));
+  if (!py::hasattr(m, "FIELDS")) m.attr("FIELDS") = py::dict();
+  py::tuple names(fields.size());
+  for (std::size_t i = 0; i < fields.size(); ++i) names[i] = py::str(fields[i]);
+  py::dict(m.attr("FIELDS"))[name] = names;
+  std::string doc = std::to_string(kValues) + " positional values: the fields of the entry point's parameter struct (";
+  for (std::size_t i = 0; i < fields.size(); ++i) doc += (i ? ", " : "") + fields[i];
+  doc += "), in declaration order";
   m.def(
       name,
       [name, fn](py::args args) -> py::object {

@@ -270,7 +270,9 @@ void forward_impl(const KendallForward& p) {
     offs[slab] = off; counts[slab] = n; off += n; ++slab;
   }
   if (t2i) {
-    direction_pass(sim, s1, s0, rel, r1, r0, p.rel_t2i, mask, m1, m0, m, n, alpha, dsim + slab * n * m, int64_t(1),
+    OwnedLists<T> cols;  // the t2i lists, from the rows' (the CPU reads no rel_t2i)
+    if (p.rel_i2t.offsets != nullptr) cols = column_lists<T>(p.rel_i2t, n, m);
+    direction_pass(sim, s1, s0, rel, r1, r0, cols.view(), mask, m1, m0, m, n, alpha, dsim + slab * n * m, int64_t(1),
                    m, qloss + off, qvalid + off);
     offs[slab] = off; counts[slab] = m; off += m; ++slab;
   }

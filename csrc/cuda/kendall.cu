@@ -9,7 +9,7 @@
 //     (s = 0, r = NaN outside the list: NaN is in no active pair, so neither walk tests a
 //     mask), from the relevance matrix or its lists, and its items of nonzero relevance (the
 //     rows) compacted in list order;
-//  2. the dense walk or the sparse one, the cheaper (kendall_takes_sparse) unless `paths`
+//  2. the dense walk or the sparse one, the cheaper (takes_sparse_pass) unless `paths`
 //     forces one.
 // Dense walk: thread t owns candidates j = t, t + 256, ... of its list; for each, the block
 // streams the list (s_k, r_k, r_k + a) through shared memory in chunks of kChunk candidates and
@@ -178,7 +178,7 @@ kendall_kernel(const KendallForward p, int64_t n_i2t, int64_t n_total, acc_t<T> 
     const ListCounts<A> k = gather_list<kThreads, T, R, A>(list, sim, rel, t2i ? p.rel_t2i : p.rel_i2t, mask, len,
                                                            A(0), std::numeric_limits<A>::quiet_NaN(), s, r, rows,
                                                            static_cast<A*>(nullptr), scratch, warp_count);
-    const bool sparse = kendall_takes_sparse(p.paths, k.np, len);
+    const bool sparse = takes_sparse_pass(p.paths, k.np, len);
     A l_sum = 0;
     long long n_sum = 0;
     if (sparse) {

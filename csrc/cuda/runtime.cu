@@ -26,7 +26,5 @@ const char* error_string(int code) { return cudaGetErrorString(static_cast<cudaE
 
 int synchronize() { return static_cast<int>(cudaDeviceSynchronize()); }
 
-int selected_kernel_version() { return kernel_version(); }
-
 }  // namespace cuda
 }  // namespace fastrank

@@ -2,8 +2,8 @@
 //
 // One call = 1 launch a direction + 1 reduction forward, 1 elementwise backward, for
 // every N and direction; no host sync, no float atomics, bit-identical run to run. Version 1
-// (the thread-per-element tiles, smooth_ndcg_v1.cu) stays in the build: FASTRANK_CUDA_KERNELS=v1
-// selects it per call (launch.h, kernel_version), so one run times both.
+// (the thread-per-element tiles, smooth_ndcg_v1.cu) stays in the build: the params'
+// `version` selects it per call (fastrank.kernel_variant(version=1)), so one run times both.
 //
 // forward_lists: one launch a direction, a block of 8 warps per list (grid-strided over the
 // direction's lists, at most kSmoothNdcgListBlocks blocks, each with its own scratch of four
@@ -16,7 +16,7 @@
 //     later entry as on the CPU), then one pass that counts the valid items, the items of
 //     nonzero gain (the "rows") and the poison, and compacts the rows in list order (their item,
 //     their gain) by a block-wide ballot scan;
-//  2. the list takes the dense pass or the sparse one (smooth_ndcg_takes_sparse, `paths`);
+//  2. the list takes the dense pass or the sparse one (takes_sparse_pass, `paths`);
 //  dense (dense_list):
 //  3. the ideal DCG from the gains sorted in the scratch (ideal_dcg: a bitonic sort of Cs values,
 //     Cs log^2 Cs / 4 compare-exchanges; a function of the relevance alone, out of the pair loops);
@@ -334,7 +334,7 @@ forward_lists(const SmoothNdcgForward p, int t2i, int64_t cs, acc_t<T> c2, acc_t
     const ListCounts<A> k = gather_list<kThreads, T, R, A>(list, sim, rel, t2i ? p.rel_t2i : p.rel_i2t, mask, cl + 32,
                                                            ninf, A(0), w.y(), w.r(), w.rows(), w.a(), red, warp_count);
     if (threadIdx.x == 0) flags[qg] = k.nv > A(0) ? A(1) : A(0);
-    const bool sparse = smooth_ndcg_takes_sparse(p.paths, k.np, list.len);
+    const bool sparse = takes_sparse_pass(p.paths, k.np, list.len);
     if (threadIdx.x == 0) pois_list = sparse ? k.pois : A(0);  // the sparse pass adds it at the end
     A ideal, dcg;
     if (sparse) {
@@ -442,7 +442,7 @@ int launch_forward(const SmoothNdcgForward& p, Graded<T, R>) {
 }  // namespace
 
 int smooth_ndcg_forward(const SmoothNdcgForward& p) {
-  if (kernel_version() == 1)  // version 1 reads the relevance matrix only (smooth_ndcg.h)
+  if (p.version == 1)  // version 1 reads the relevance matrix only (smooth_ndcg.h)
     return p.rel_i2t.offsets != nullptr ? static_cast<int>(cudaErrorNotSupported) : v1::smooth_ndcg_forward(p);
   return dispatch_graded(p.lists.dt, p.rel_dt, [&](auto types) { return launch_forward(p, types); });
 }
@@ -450,8 +450,8 @@ int smooth_ndcg_forward(const SmoothNdcgForward& p) {
 // version 2: the forward left G, complete but for the upstream weight: the engine's
 // elementwise backward (smooth_rank.cuh), G_t2i transposed
 int smooth_ndcg_backward(const SmoothNdcgBackward& p) {
-  if (kernel_version() == 1) return v1::smooth_ndcg_backward(p);
-  const SmoothRankBackward b{p.lists, p.grad_out, p.ws, p.grad, p.stream};
+  if (p.version == 1) return v1::smooth_ndcg_backward(p);
+  const SmoothRankBackward b{{p.lists, p.mask, p.grad_out, p.ws, p.grad}, p.stream};
   FASTRANK_DISPATCH_CUDA(p.lists.dt, T, { return rank::subset_backward<T>(b); });
   return 0;
 }

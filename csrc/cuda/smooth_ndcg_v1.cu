@@ -1,6 +1,6 @@
 // Fused smooth-NDCG on CUDA, version 1 (docs/spec.md §2.1, 2.1a; Listwise ITR, Eq. 16-21): the
 // thread-per-element tiles, kept beside version 2 (smooth_ndcg.cu) so that one build times both
-// (FASTRANK_CUDA_KERNELS=v1 selects it: launch.h, kernel_version). Its workspace: a in ws.
+// (the params' version = 1 selects it: fastrank.kernel_variant(version=1)). Its workspace: a in ws.
 //
 // One call = 2 launches forward + 1 backward, for every N and direction, no host sync:
 //   forward_tiles  grid = ceil(n / 16) * ceil(m / 16) blocks of 16 x 16 threads on a flat

@@ -283,7 +283,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
   }
 }
 
-// Version 2 of the forward (the default; FASTRANK_CUDA_KERNELS=v1 selects
+// Version 2 of the forward (the default; the params' version = 1 selects
 // subset_forward_kernel above): a warp a query, kWarps queries a block, and no block barrier at
 // all. The same four phases as version 1, each over the warp's own query: its 32 lanes walk
 // the list (lane-strided, coalesced), the sums are butterfly warp sums (every lane gets the
@@ -517,8 +517,8 @@ int subset_forward(const Head& head, const P& p) {
                          posT + n * m);
     if (e != 0) return e;
   }
-  // version 2 (a warp a query) unless FASTRANK_CUDA_KERNELS=v1 (a block a query)
-  const bool v1 = kernel_version() == 1;
+  // version 2 (a warp a query) unless the call asks for version 1 (a block a query)
+  const bool v1 = p.version == 1;
   const int e = launch(v1 ? subset_forward_kernel<T, Head> : subset_forward_warps<T, Head>,
                        v1 ? strided_grid(n_total) : strided_grid((n_total + kWarps - 1) / kWarps), kThreads, 0, st,
                        static_cast<const T*>(p.sim.data), p.sim.s0, p.sim.s1, p.pos.data, p.pos.s0, p.pos.s1,

@@ -4,7 +4,7 @@ Functional losses live at the top level (``fastrank.smooth_ndcg_loss``), their
 ``nn.Module`` forms in ``fastrank.nn``. See docs/spec.md for the contract.
 """
 from ._version import __version__
-from ._native import backends
+from ._native import KernelVariant, backends, kernel_variant
 from . import nn
 from .ops.registry import LOSSES as _LOSSES
 from .topk import TopKRelevance
@@ -14,7 +14,7 @@ from .topk import TopKRelevance
 # the vectorised PyTorch losses, in the table's order
 _FUNCTIONALS = {row.functional.__name__: row.functional for row in _LOSSES.values()}
 globals().update(_FUNCTIONALS)
-__all__ = ["__version__", "backends", "nn", "TopKRelevance"]
+__all__ = ["__version__", "backends", "kernel_variant", "KernelVariant", "nn", "TopKRelevance"]
 __all__ += list(_FUNCTIONALS)
 
 _LAZY_SUBMODULES = ("metrics", "relevance", "models", "data", "train", "distributed", "compat", "memory")

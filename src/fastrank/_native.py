@@ -21,7 +21,7 @@ import importlib
 import os
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
@@ -113,6 +113,9 @@ def emulate_cuda(module) -> object:
     buffers the CUDA path allocates and calls this module's kernels. For the emulated-CUDA
     tests; no user code needs it."""
     global _emulated_cuda
+    if module is not None:
+        for name, fields in _declared_fields.items():
+            check_fields(module, name, fields)
     previous, _emulated_cuda = _emulated_cuda, module
     return previous
 
@@ -238,30 +241,92 @@ REDUCTION_CODE = dict(_constants.REDUCTION_CODE) if _constants else {}
 MAX_KS = int(_constants.MAX_KS) if _constants else None
 PATH_CODE = dict(_constants.PATH_CODE) if _constants else {}
 
-# The pair pass of the graded losses' lists (docs/spec.md §2.1b): "auto" (the cheaper one, per
-# list), or "dense" / "sparse" forced, for the tests that compare them and the benchmarks that
-# time them. The values are the same either way (to rounding).
-_pair_path = "auto"
+# The variants of the kernels a call runs (fastrank.kernel_variant): fields of each call's
+# parameter struct, set by the op from what is selected when it is called.
+CUDA_KERNELS_VARIABLE = "FASTRANK_CUDA_KERNELS"
+VERSIONS = (1, 2)
+PAIR_PASSES = ("auto", "dense", "sparse")
 
 
-def pair_path_code() -> int:
-    """The code of the pair pass the graded losses' kernels take (``pair_path``)."""
-    return PATH_CODE.get(_pair_path, 0)
+class KernelVariant(NamedTuple):
+    """The kernel variant a call runs: ``version``, the CUDA kernels' version where two are
+    built (smooth-NDCG, Smooth-AP, Recall@k: 1 or 2, the newest); ``pair_pass``, how the graded
+    losses' lists are walked (docs/spec.md §2.1b): "auto" (the cheaper pass, per list), "dense"
+    (every pair) or "sparse" (the nonzero-gain items against every item). The values are the
+    same either way (to rounding)."""
+    version: int
+    pair_pass: str
+
+
+def _default_variant() -> KernelVariant:
+    """The variant outside any ``kernel_variant`` block: version 2, or 1 where the environment
+    says FASTRANK_CUDA_KERNELS=v1 (read once, here at import); the pair pass "auto"."""
+    return KernelVariant(1 if os.environ.get(CUDA_KERNELS_VARIABLE, "").strip() == "v1" else 2, "auto")
+
+
+_variant = _default_variant()
+_variant_codes = (_variant.version, PATH_CODE.get(_variant.pair_pass, 0))
+
+
+def variant_codes() -> tuple:
+    """(version, pair-pass code) of the selected variant: the fields an op puts in its call's
+    parameter struct (read once per call; under torch.compile, once at trace time)."""
+    return _variant_codes
 
 
 @contextlib.contextmanager
-def pair_path(path: str):
-    """``with fastrank._native.pair_path("dense"):`` forces the dense (every pair of a list) or
-    the sparse (nonzero-gain items x all items) pass of smooth-NDCG's kernels inside the block;
-    "auto" is the default."""
-    global _pair_path
-    if path not in ("auto", "dense", "sparse"):
-        raise ValueError(f"path must be one of ('auto', 'dense', 'sparse'), got {path!r}")
-    before, _pair_path = _pair_path, path
+def kernel_variant(version: Optional[int] = None, pair_pass: Optional[str] = None):
+    """Selects the kernel variant of the calls made inside the block (as
+    ``torch.nn.attention.sdpa_kernel`` selects an attention backend); what is not given stays
+    as it was. ``version``: 1 or 2, the CUDA kernels' version (2 by default;
+    ``FASTRANK_CUDA_KERNELS=v1`` in the environment makes 1 the default, read at import);
+    ``pair_pass``: "auto" (default), "dense" or "sparse" (:class:`KernelVariant`). For the tests
+    that compare variants and the benchmarks that time them; a forward and its backward run
+    the variant of the forward's call. Under torch.compile, the variant is read when the
+    function is traced (a change recompiles)::
+
+        with fastrank.kernel_variant(pair_pass="dense"):
+            loss = fastrank.smooth_ndcg_loss(sim, relevance)
+    """
+    global _variant, _variant_codes
+    if version is not None and version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    if pair_pass is not None and pair_pass not in PAIR_PASSES:
+        raise ValueError(f"pair_pass must be one of {PAIR_PASSES}, got {pair_pass!r}")
+    before = _variant
+    _variant = KernelVariant(before.version if version is None else version,
+                             before.pair_pass if pair_pass is None else pair_pass)
+    _variant_codes = (_variant.version, PATH_CODE.get(_variant.pair_pass, 0))
     try:
-        yield
+        yield _variant
     finally:
-        _pair_path = before
+        _variant = before
+        _variant_codes = (before.version, PATH_CODE.get(before.pair_pass, 0))
+
+
+# The field names of each kernel's parameter struct as the Python side fills them
+# (ops/_launch.py, kernel), checked against every module that runs them.
+_declared_fields: Dict[str, tuple] = {}
+
+
+def check_fields(module, name: str, fields: tuple) -> None:
+    """Raises TypeError unless ``module``'s entry point ``name`` takes the fields ``fields``, by
+    name and in order (the module exports its structs' field names: csrc/bindings/fill.h)."""
+    declared = tuple(getattr(module, "FIELDS", {}).get(name, ()))
+    if declared[-1:] == ("stream",):  # CUDA's last field, added by ops/_launch.py's call
+        declared = declared[:-1]
+    if declared != tuple(fields):
+        raise TypeError(f"fields: {name} is filled with ({', '.join(fields)}) but its parameter struct "
+                        f"declares ({', '.join(declared) or 'no such entry point'})")
+
+
+def declare_fields(name: str, fields: tuple) -> None:
+    """Records the fields the Python side fills for kernel ``name`` and checks them against each
+    native module loaded (an emulated CUDA module: when it is set, :func:`emulate_cuda`)."""
+    for module in (cpu_module(), cuda_module(), _emulated_cuda):
+        if module is not None:
+            check_fields(module, name, fields)
+    _declared_fields[name] = tuple(fields)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -251,6 +251,26 @@ def check_topk_values(relevance, *, minimum: Optional[float] = None, loss: str =
         check_relevance_values(listed, minimum=minimum, loss=loss, name=names[1])
 
 
+def check_graded_inputs(sim: torch.Tensor, relevance, mask, impl: str, check_hyper: Callable, hyper: tuple, *,
+                        relevance_min: Optional[float] = None, loss: str = "") -> tuple:
+    """The checks of a graded loss's call (smooth_ndcg_loss, kendall_loss), in docs/spec.md
+    §1's order: the structure of sim, of the relevance (a matrix or a TopKRelevance) and of the
+    mask, the hyper-parameters (``check_hyper(*hyper)``), impl, then the values. Returns
+    (whether the relevance is a TopKRelevance, the checked hyper-parameters, impl)."""
+    from .topk import TopKRelevance
+    check_sim(sim, values=False)
+    topk = isinstance(relevance, TopKRelevance)
+    if topk:
+        check_topk_relevance(relevance, sim)
+    else:
+        check_relevance(relevance, sim, values=False)
+    check_mask(mask, sim)
+    hyper = check_hyper(*hyper)
+    impl = check_impl(impl)
+    check_data(sim, relevance, relevance_min=relevance_min, loss=loss)
+    return topk, hyper, impl
+
+
 def check_mask(mask, sim: torch.Tensor) -> Optional[torch.Tensor]:
     """Optional bool (N, M) list-membership mask of docs/spec.md §2.1a (True = in the list).
     Metadata only: no value is read, so this never synchronises a CUDA stream."""

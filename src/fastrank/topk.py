@@ -95,10 +95,17 @@ class TopKRelevance:
         return cls(indices.to(torch.int64), values, relevance.shape[1])
 
     def to_dense(self, dtype: Optional[torch.dtype] = None) -> Tensor:
-        """The (N, M) relevance matrix (for the reference path and tests: O(N * M) memory)."""
+        """The (N, M) relevance matrix (for the reference path and tests: O(N * M) memory). A
+        column listed twice in a row (refused where the value check is on) takes the later
+        entry's value, as the kernels do (docs/spec.md §2.1b)."""
         n, m = self.shape
         out = torch.zeros(n, m + 1, dtype=dtype or self.values.dtype, device=self.device)
         col = torch.where(self.indices >= 0, self.indices, torch.full_like(self.indices, m))
+        if self.k > 1:  # an entry with a later twin in its row writes nothing (scatter_ picks no winner)
+            srt, order = torch.sort(col, dim=1, stable=True)
+            twin = torch.zeros_like(col, dtype=torch.bool)
+            twin.scatter_(1, order[:, :-1], srt[:, :-1] == srt[:, 1:])
+            col = torch.where(twin, torch.full_like(col, m), col)
         out.scatter_(1, col, self.values.to(out.dtype))
         return out[:, :m]
 
@@ -110,15 +117,16 @@ class TopKRelevance:
         return Lists(offsets, self.indices.reshape(-1), self.values.reshape(-1))
 
     def column_lists(self) -> Lists:
-        """The columns as :class:`Lists` (the t2i direction's lists): entries sorted by column,
-        then row; no host read (static shapes: every slot is kept, the unused ones after the
-        last column's)."""
+        """The columns as :class:`Lists` (the t2i direction's lists, for the CUDA kernels and the
+        blocks of the losses from the embeddings; the CPU kernels make them from the rows' by a
+        counting pass): entries sorted by column, then row, then slot; no host read (static
+        shapes: every slot is kept, the unused ones after the last column's)."""
         n, k = self.indices.shape
         m = self.num_columns
         flat = self.indices.reshape(-1)
         rows = torch.arange(n, dtype=torch.int64, device=self.device).repeat_interleave(k)
         col = torch.where((flat >= 0) & (flat < m), flat, torch.full_like(flat, m))
-        order = torch.argsort(col * max(n, 1) + rows)
+        order = torch.argsort(col * max(n, 1) + rows, stable=True)  # a row's twin entries keep their order
         counts = torch.zeros(m + 1, dtype=torch.int64, device=self.device)
         counts.scatter_add_(0, col, torch.ones_like(col))
         offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts[:m], 0)])

@@ -46,6 +46,7 @@ struct FastRerankLse {
   void* col_lse;
   void* row_lse;
 };
+FASTRANK_FIELDS(FastRerankLse, dt, n, m, sim, g1, l1, workspace, col_lse, row_lse)
 struct FastRerankForward {
   DType dt;
   int64_t n, m;
@@ -57,6 +58,7 @@ struct FastRerankForward {
   void* i2t;
   void* t2i;
 };
+FASTRANK_FIELDS(FastRerankForward, dt, n, m, sim, g1, g2, l1, l2, workspace, col_lse, row_lse, i2t, t2i)
 struct FastRerankBackward {
   DType dt;
   int64_t n, m;
@@ -68,6 +70,7 @@ struct FastRerankBackward {
   void* workspace;
   void* grad;
 };
+FASTRANK_FIELDS(FastRerankBackward, dt, n, m, sim, g_i2t, g_t2i, col_lse, row_lse, g1, g2, l1, l2, workspace, grad)
 
 namespace cpu {
 int64_t fast_rerank_workspace(int64_t n, int64_t m);

@@ -36,15 +36,18 @@ namespace fastrank {
 // aux's elements: 2 * n_total + 2.
 inline int64_t kendall_aux_numel(int64_t n, int64_t m, int direction) { return 2 * query_count(n, m, direction) + 2; }
 
-// The forward's and the backward's parameters (the CPU takes relevance in sim's dtype only;
-// CUDA adds a scratch and the stream).
+// The forward's and the backward's parameters, one struct each for both backends (CUDA:
+// OnStream, the stream last; the CPU takes relevance in sim's dtype only). `partials`: CUDA's
+// scratch, kendall_partials_numel accumulation-type elements (each block's gathered list, the
+// row of its relevance, its nonzero items and their gradient sums; the CPU: 0).
 // The relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n
-// rows) and rel_t2i (the m columns) in rel_dt (docs/spec.md §2.1b). Only the pairs whose
+// rows) and rel_t2i (the m columns; the CPU reads none: it makes them from the rows by a
+// counting pass, O(nnz + m)) in rel_dt (docs/spec.md §2.1b). Only the pairs whose
 // relevance differs by more than alpha count: with alpha >= 0 a pair of two zero-relevance
 // items never does, so a list with k nonzero items costs O(C * k), whatever the form of the
 // relevance. The CPU sorts each list by relevance and visits the active pairs only (one pass,
 // `paths` ignored); CUDA walks every pair of the list (dense) or its k nonzero items against
-// every item (sparse), the cheaper (kendall_takes_sparse) unless `paths` forces one.
+// every item (sparse), the cheaper (takes_sparse_pass, common.h) unless `paths` forces one.
 struct KendallForward {
   Lists lists;
   DType rel_dt;
@@ -56,7 +59,10 @@ struct KendallForward {
   void* loss;
   void* dsim;
   void* aux;
+  void* partials;
 };
+FASTRANK_FIELDS(KendallForward, lists, rel_dt, sim, rel, mask, rel_i2t, rel_t2i, paths, alpha, loss, dsim, aux,
+                partials)
 struct KendallBackward {
   Lists lists;
   const void* dsim;
@@ -64,6 +70,7 @@ struct KendallBackward {
   const void* grad_out;  // contiguous, accumulation type
   void* grad;
 };
+FASTRANK_FIELDS(KendallBackward, lists, dsim, aux, grad_out, grad)
 
 namespace cpu {
 // The reduction of a fused loss call on the CPU, shared by kendall and kendall_sw:
@@ -102,13 +109,8 @@ void kendall_backward(const KendallBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t. `partials`: the
-// forward's scratch, kendall_partials_numel accumulation-type elements (kendall.cu: each block's
-// gathered list, the row of its relevance, its nonzero items and their gradient sums).
-struct KendallForward : ::fastrank::KendallForward {
-  void* partials;
-  void* stream;
-};
+// Return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
+using KendallForward = OnStream<::fastrank::KendallForward>;
 using KendallBackward = OnStream<::fastrank::KendallBackward>;
 constexpr int64_t kKendallBlocks = 1024;  // the most blocks of the forward (grid-strided over the lists)
 constexpr int kKendallRows = 4;           // sparse walk: the nonzero items a block takes at once
@@ -133,15 +135,6 @@ inline int64_t kendall_partials_numel(int64_t n, int64_t m, int direction) {
   const int64_t b = kendall_blocks(n, m, direction);
   const int64_t n_i2t = (direction & kI2T) ? n : 0, n_t2i = (direction & kT2I) ? m : 0;
   return kendall_slots(n_i2t, b) * 4 * (m + 32) + kendall_slots(n_t2i, b) * 4 * (n + 32);
-}
-// Whether a list of `len` items, `np` of them of nonzero relevance, takes the sparse walk: its
-// visits (a nonzero item and any item: about twice the work of the dense walk's, which sees an
-// ordered pair from one end) kKendallRows ceil(np / kKendallRows) x 256 ceil(len / 256), against
-// the dense walk's len x 256 ceil(len / 256).
-FR_HD bool kendall_takes_sparse(int paths, int64_t np, int64_t len) {
-  if (paths != kAutoPath) return paths == kSparsePath;
-  const int64_t r = kKendallRows;
-  return 2 * r * ((np + r - 1) / r) < len;
 }
 int kendall_forward(const KendallForward& p);
 int kendall_backward(const KendallBackward& p);

@@ -41,6 +41,7 @@ struct KendallSwForward {
   int32_t* idx;
   void* aux;
 };
+FASTRANK_FIELDS(KendallSwForward, lists, rel_dt, sim, rel, alpha, beta, hi, n_w, loss, idx, aux)
 struct KendallSwBackward {
   Lists lists;
   MatIn sim;
@@ -50,6 +51,7 @@ struct KendallSwBackward {
   const void* grad_out;  // contiguous, accumulation type
   void* grad;
 };
+FASTRANK_FIELDS(KendallSwBackward, lists, sim, idx, n_w, aux, grad_out, grad)
 
 namespace cpu {
 void kendall_sw_forward(const KendallSwForward& p);

@@ -23,7 +23,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -71,16 +70,6 @@ inline int launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_byt
   return static_cast<int>(cudaGetLastError());
 }
 #endif
-
-// The version of the kernels a call runs, where two are built side by side (smooth-NDCG:
-// smooth_ndcg.cu is version 2, smooth_ndcg_v1.cu version 1): FASTRANK_CUDA_KERNELS=v1 selects
-// version 1, anything else (or unset) the newest. Read at every call, so that one process can
-// time both (benchmarks/kernel_versions.py); a forward and its backward must run under the
-// same version (their workspaces differ).
-inline int kernel_version() {
-  const char* e = std::getenv("FASTRANK_CUDA_KERNELS");
-  return e != nullptr && e[0] == 'v' && e[1] == '1' && e[2] == '\0' ? 1 : 2;
-}
 
 // A flat 1-D grid of `tiles` blocks (e.g. row tiles x column tiles of a matrix, decoded in
 // the kernel with / and %), or 0 blocks when that exceeds gridDim.x: the caller then

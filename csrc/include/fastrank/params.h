@@ -10,7 +10,11 @@
 // Plain aggregates: trivially copyable, so a CUDA kernel can take them by value.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "fastrank/common.h"
 
@@ -56,6 +60,73 @@ FR_HD int64_t query_count(int64_t n, int64_t m, int direction) {
   return ((direction & kI2T) ? n : 0) + ((direction & kT2I) ? m : 0);
 }
 
+// ---- the field names of a parameter struct ------------------------------------------------
+// FASTRANK_FIELDS(Struct, field, ...) after a struct's declaration names its fields, in
+// declaration order, for the binder: it exports them (fields_of(Struct*), found by argument-
+// dependent lookup) and the Python side of the op checks its own list of the fields it fills
+// against them when it declares the kernel (src/fastrank/ops/_launch.py, kernel). The compiler
+// checks the list against the declaration: every name a field (offsetof), in declaration order
+// (increasing offsets), and as many as the struct has (field_count, compared by the binder with
+// the struct's element count). FASTRANK_FIELDS_AFTER(Struct, Base, field, ...): a struct derived
+// from Base, Base's fields first. Up to 16 names.
+#define FASTRANK_FE_1(F, S, a) F(S, a)
+#define FASTRANK_FE_2(F, S, a, ...) F(S, a) FASTRANK_FE_1(F, S, __VA_ARGS__)
+#define FASTRANK_FE_3(F, S, a, ...) F(S, a) FASTRANK_FE_2(F, S, __VA_ARGS__)
+#define FASTRANK_FE_4(F, S, a, ...) F(S, a) FASTRANK_FE_3(F, S, __VA_ARGS__)
+#define FASTRANK_FE_5(F, S, a, ...) F(S, a) FASTRANK_FE_4(F, S, __VA_ARGS__)
+#define FASTRANK_FE_6(F, S, a, ...) F(S, a) FASTRANK_FE_5(F, S, __VA_ARGS__)
+#define FASTRANK_FE_7(F, S, a, ...) F(S, a) FASTRANK_FE_6(F, S, __VA_ARGS__)
+#define FASTRANK_FE_8(F, S, a, ...) F(S, a) FASTRANK_FE_7(F, S, __VA_ARGS__)
+#define FASTRANK_FE_9(F, S, a, ...) F(S, a) FASTRANK_FE_8(F, S, __VA_ARGS__)
+#define FASTRANK_FE_10(F, S, a, ...) F(S, a) FASTRANK_FE_9(F, S, __VA_ARGS__)
+#define FASTRANK_FE_11(F, S, a, ...) F(S, a) FASTRANK_FE_10(F, S, __VA_ARGS__)
+#define FASTRANK_FE_12(F, S, a, ...) F(S, a) FASTRANK_FE_11(F, S, __VA_ARGS__)
+#define FASTRANK_FE_13(F, S, a, ...) F(S, a) FASTRANK_FE_12(F, S, __VA_ARGS__)
+#define FASTRANK_FE_14(F, S, a, ...) F(S, a) FASTRANK_FE_13(F, S, __VA_ARGS__)
+#define FASTRANK_FE_15(F, S, a, ...) F(S, a) FASTRANK_FE_14(F, S, __VA_ARGS__)
+#define FASTRANK_FE_16(F, S, a, ...) F(S, a) FASTRANK_FE_15(F, S, __VA_ARGS__)
+#define FASTRANK_FE_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, NAME, ...) NAME
+#define FASTRANK_FOR_EACH(F, S, ...)                                                                             \
+  FASTRANK_FE_PICK(__VA_ARGS__, FASTRANK_FE_16, FASTRANK_FE_15, FASTRANK_FE_14, FASTRANK_FE_13, FASTRANK_FE_12, \
+                   FASTRANK_FE_11, FASTRANK_FE_10, FASTRANK_FE_9, FASTRANK_FE_8, FASTRANK_FE_7, FASTRANK_FE_6,  \
+                   FASTRANK_FE_5, FASTRANK_FE_4, FASTRANK_FE_3, FASTRANK_FE_2, FASTRANK_FE_1)                   \
+  (F, S, __VA_ARGS__)
+#define FASTRANK_OFFSET_OF(S, a) offsetof(S, a),
+#define FASTRANK_PLUS_ONE(S, a) +1
+
+// The names of a comma-separated list ("a, b, c" -> {"a", "b", "c"}), after `before`.
+inline std::vector<std::string> field_names(std::vector<std::string> before, const char* list) {
+  std::string name;
+  for (const char* c = list;; ++c) {
+    if (*c == ',' || *c == '\0') {
+      before.push_back(name);
+      name.clear();
+      if (*c == '\0') return before;
+    } else if (*c != ' ') {
+      name += *c;
+    }
+  }
+}
+constexpr bool increasing(std::initializer_list<size_t> offsets) {
+  size_t at = 0;
+  bool first = true;
+  for (size_t o : offsets) {
+    if (!first && o <= at) return false;
+    at = o;
+    first = false;
+  }
+  return true;
+}
+
+#define FASTRANK_FIELDS_CHECKED(S, base_names, base_count, ...)                                              \
+  inline std::vector<std::string> fields_of(const S*) { return ::fastrank::field_names(base_names, #__VA_ARGS__); } \
+  constexpr int field_count(const S*) { return base_count FASTRANK_FOR_EACH(FASTRANK_PLUS_ONE, S, __VA_ARGS__); }    \
+  static_assert(::fastrank::increasing({FASTRANK_FOR_EACH(FASTRANK_OFFSET_OF, S, __VA_ARGS__)}),                  \
+                #S "'s FASTRANK_FIELDS are not its fields in declaration order");
+#define FASTRANK_FIELDS(S, ...) FASTRANK_FIELDS_CHECKED(S, {}, 0, __VA_ARGS__)
+#define FASTRANK_FIELDS_AFTER(S, Base, ...) \
+  FASTRANK_FIELDS_CHECKED(S, fields_of(static_cast<const Base*>(nullptr)), 1, __VA_ARGS__)
+
 namespace cuda {
 // The CUDA struct of an entry point that reads what the backend-neutral struct P holds:
 // P's fields, then the stream (a cudaStream_t, the last field everywhere: Python's
@@ -63,6 +134,12 @@ namespace cuda {
 template <class P> struct OnStream : P {
   void* stream;
 };
+template <class P> std::vector<std::string> fields_of(const OnStream<P>*) {
+  std::vector<std::string> names = fields_of(static_cast<const P*>(nullptr));
+  names.push_back("stream");
+  return names;
+}
+template <class P> constexpr int field_count(const OnStream<P>*) { return 2; }  // P, then the stream
 }  // namespace cuda
 
 }  // namespace fastrank

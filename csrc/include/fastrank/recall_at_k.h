@@ -19,24 +19,20 @@ namespace fastrank {
 
 constexpr int kMaxKs = 32;  // the most ks one call takes (exported to Python: MAX_KS)
 
-namespace cpu {
+// Smooth-AP's fields, then the ks (host memory; CUDA copies them into the kernel's arguments).
 struct RecallAtKForward : SmoothApForward {
   const double* ks;  // n_k values each, host memory
   const double* tk;
   int n_k;
 };
+FASTRANK_FIELDS_AFTER(RecallAtKForward, SmoothApForward, ks, tk, n_k)
+
+namespace cpu {
 void recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cpu
 
 namespace cuda {
-// The CPU forward's fields (ks: host memory, copied into the kernel's arguments), then
-// smooth_ap's CUDA ones: derived from the CPU struct, not from cuda::SmoothApForward, so
-// that the stream stays the last field (the bindings take the fields in declaration order
-// and Python passes the stream last).
-struct RecallAtKForward : cpu::RecallAtKForward {
-  void* partials;
-  void* stream;
-};
+using RecallAtKForward = OnStream<::fastrank::RecallAtKForward>;
 int recall_at_k_forward(const RecallAtKForward& p);
 }  // namespace cuda
 }  // namespace fastrank

@@ -8,6 +8,5 @@ int device_count();               // 0 when no device or no driver (never throws
 int runtime_version();            // e.g. 13000
 const char* error_string(int code);
 int synchronize();                // cudaDeviceSynchronize, for tests and benchmarks
-int selected_kernel_version();    // the version a call runs now (launch.h, kernel_version)
 }  // namespace cuda
 }  // namespace fastrank

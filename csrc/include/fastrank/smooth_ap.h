@@ -21,18 +21,25 @@
 #include "fastrank/smooth_rank.h"
 
 namespace fastrank {
-namespace cpu {
+// One struct per entry point for both backends (CUDA: OnStream, the stream last).
 // A subset head's forward (Smooth-AP; Recall@k adds its ks): with_grad = false skips G.
+// `version`: the CUDA forward's (1: a block a query; 2, the default: a warp a query; the CPU
+// has one). `partials`: CUDA's scratch, smooth_rank_partials_numel(n, m, direction)
+// accumulation-type elements (the ranks and coefficients of the positives; the CPU: 0).
 struct SmoothApForward {
   Lists lists;
+  int version;
   MatIn sim;
   MaskIn pos, mask;
   double tau;
   bool with_grad;
   void* out;
   void* ws;
+  void* partials;
 };
-// Shared by Smooth-AP and Recall@k: grad = sum over directions of w_q * G_d (masked: 0).
+FASTRANK_FIELDS(SmoothApForward, lists, version, sim, pos, mask, tau, with_grad, out, ws, partials)
+// Shared by Smooth-AP and Recall@k: grad = sum over directions of w_q * G_d (masked: 0; CUDA
+// reads no mask: masked entries of G are 0).
 struct SmoothRankBackward {
   Lists lists;
   MaskIn mask;
@@ -40,6 +47,9 @@ struct SmoothRankBackward {
   const void* ws;
   void* grad;
 };
+FASTRANK_FIELDS(SmoothRankBackward, lists, mask, grad_out, ws, grad)
+
+namespace cpu {
 void smooth_ap_forward(const SmoothApForward& p);
 void smooth_rank_backward(const SmoothRankBackward& p);
 }  // namespace cpu
@@ -47,20 +57,8 @@ void smooth_rank_backward(const SmoothRankBackward& p);
 namespace cuda {
 using ::fastrank::smooth_rank_partials_numel;  // smooth_rank.h: bound with the CUDA module's sizes
 // Entry points return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
-// `partials`: smooth_rank_partials_numel(n, m, direction) accumulation-type elements, used
-// by the forward only (the ranks and coefficients of the positives).
-struct SmoothApForward : cpu::SmoothApForward {  // the CPU forward's fields, then
-  void* partials;
-  void* stream;
-};
-// The backward reads no mask: masked entries of G are 0.
-struct SmoothRankBackward {
-  Lists lists;
-  VecIn grad_out;  // accumulation type
-  const void* ws;
-  void* grad;
-  void* stream;
-};
+using SmoothApForward = OnStream<::fastrank::SmoothApForward>;
+using SmoothRankBackward = OnStream<::fastrank::SmoothRankBackward>;
 int smooth_ap_forward(const SmoothApForward& p);
 int smooth_rank_backward(const SmoothRankBackward& p);
 }  // namespace cuda

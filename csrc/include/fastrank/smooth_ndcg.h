@@ -30,7 +30,7 @@
 //  - CUDA version 2 (the default): G scaled by the query's -1 / (tau * IDCG), complete but for
 //    the upstream weight (the forward runs both pair passes; the backward is elementwise),
 //    w_t2i stored transposed, (m, n), as the subset heads' (smooth_rank.h);
-//  - CUDA version 1 (FASTRANK_CUDA_KERNELS=v1): a = g * d/dpi [1 / log2(1 + pi)]; the
+//  - CUDA version 1 (version = 1): a = g * d/dpi [1 / log2(1 + pi)]; the
 //    backward runs the pair pass.
 // All carry poison(s + r), so a non-finite input poisons the gradient. Then
 //   d loss_q / d s_m = -(1 / (tau * IDCG_q)) sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m)
@@ -51,39 +51,57 @@ inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
   return smooth_rank_ws_numel(n, m, direction);
 }
 
-namespace cpu {
-// The forward keeps G in ws while each list is in cache (with_grad = false: it skips that
-// pass); the backward is then elementwise over ws and never reads sim.
+// One struct per entry point for both backends (CUDA: OnStream, the stream last); a field one
+// backend does not read is filled all the same (0 for a pointer it ignores).
 // The relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n
-// rows) and rel_t2i (the m columns), values in sim's storage type. A list whose items are
-// mostly of gain 0 takes the sparse path: ranks for its nonzero-gain items only, each against
-// every item, O(C * k) instead of O(C^2) (docs/spec.md §2.1b); `paths` chooses (kAutoPath,
-// kDensePath, kSparsePath: the tests and benchmarks force one).
+// rows) and rel_t2i (the m columns; the CPU reads none: it makes them from the rows by a
+// counting pass, O(nnz + m)), values in rel_dt: on the CPU sim's storage type; on CUDA
+// sim's storage type or the accumulation type, so labels are never rounded to a half-precision
+// sim's dtype. A list whose items are mostly of gain 0 takes the sparse pass: ranks for its
+// nonzero-gain items only, each against every item, O(C * k) instead of O(C^2) (docs/spec.md
+// §2.1b); `paths` chooses (kAutoPath: the cheaper; kDensePath, kSparsePath:
+// forced, for the tests and benchmarks). `version`: the CUDA kernels' version (1 or 2, below;
+// the CPU has one). with_grad = false: the forward skips the gradient pass (CUDA version 1
+// ignores it). `partials`: CUDA's scratch, smooth_ndcg_partials_numel accumulation-type
+// elements (the CPU reads none: 0).
 struct SmoothNdcgForward {
   Lists lists;
+  DType rel_dt;
   MatIn sim, rel;
   MaskIn mask;
   ListsIn rel_i2t, rel_t2i;
-  int paths;
+  int version, paths;
   double tau;
   bool with_grad;
   void* out;
   void* ws;
+  void* partials;
 };
+FASTRANK_FIELDS(SmoothNdcgForward, lists, rel_dt, sim, rel, mask, rel_i2t, rel_t2i, version, paths, tau, with_grad,
+                out, ws, partials)
+// sim: read by CUDA version 1's backward only (its pair pass); the others are elementwise over ws.
 struct SmoothNdcgBackward {
   Lists lists;
+  int version;
+  MatIn sim;
   MaskIn mask;
   double tau;
   VecIn grad_out;  // accumulation type
   const void* ws;
   void* grad;
 };
+FASTRANK_FIELDS(SmoothNdcgBackward, lists, version, sim, mask, tau, grad_out, ws, grad)
+
+namespace cpu {
+// The forward keeps G in ws while each list is in cache (with_grad = false: it skips that
+// pass); the backward is then elementwise over ws and never reads sim.
 void smooth_ndcg_forward(const SmoothNdcgForward& p);
 void smooth_ndcg_backward(const SmoothNdcgBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-// Two kernel versions (FASTRANK_CUDA_KERNELS, launch.h), one workspace size:
+// Two kernel versions (the struct's `version`, chosen in Python: fastrank.kernel_variant), one
+// workspace size:
 //  - version 2 (smooth_ndcg.cu, the default): a block a list; the forward runs both pair
 //    passes (with_grad; the rank pass alone without) and leaves w_d = G_d complete but for
 //    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.h); the
@@ -92,7 +110,7 @@ namespace cuda {
 //    relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n
 //    rows) and rel_t2i (the m columns), values in rel_dt (docs/spec.md §2.1b): the (n, m)
 //    matrix is never made. Each list takes the dense pass (every pair) or the sparse one (its
-//    items of nonzero gain against every item, O(C k)), the cheaper (smooth_ndcg_takes_sparse)
+//    items of nonzero gain against every item, O(C k)), the cheaper (takes_sparse_pass, common.h)
 //    unless `paths` forces one (kDensePath, kSparsePath);
 //  - version 1 (smooth_ndcg_v1.cu): thread-per-element tiles; the forward writes a, the
 //    backward runs the pair pass over sim; `partials`: per-tile partial sums. It reads the
@@ -100,30 +118,8 @@ namespace cuda {
 // `partials` has smooth_ndcg_partials_numel accumulation-type elements (the larger need of
 // the two), freed after the forward. `stream`: a cudaStream_t. The entry points return a
 // cudaError_t as int (0 = success).
-struct SmoothNdcgForward {
-  Lists lists;
-  DType rel_dt;  // sim's storage type or its accumulation type (the matrix's or the lists' values)
-  MatIn sim, rel;
-  MaskIn mask;
-  ListsIn rel_i2t, rel_t2i;
-  int paths;
-  double tau;
-  bool with_grad;  // version 2: run the gradient pass (version 1 ignores it)
-  void* out;
-  void* ws;
-  void* partials;
-  void* stream;
-};
-struct SmoothNdcgBackward {
-  Lists lists;
-  MatIn sim;
-  MaskIn mask;
-  double tau;
-  VecIn grad_out;  // accumulation type
-  const void* ws;
-  void* grad;
-  void* stream;
-};
+using SmoothNdcgForward = OnStream<::fastrank::SmoothNdcgForward>;
+using SmoothNdcgBackward = OnStream<::fastrank::SmoothNdcgBackward>;
 constexpr int kSmoothNdcgTile = 16;  // version 1: element tile edge (smooth_ndcg_v1.cu)
 constexpr int64_t kSmoothNdcgListBlocks = 1024;  // version 2: the most blocks of a direction's launch
 constexpr int kSmoothNdcgRows = 4;   // version 2, sparse pass: the nonzero-gain items a block ranks at once
@@ -133,16 +129,6 @@ FR_HD int64_t smooth_ndcg_list_span(int64_t len) {
   int64_t s = 32;
   while (s < len) s <<= 1;
   return s;
-}
-// version 2: whether a list of `len` items, `np` of them of nonzero gain, takes the sparse pass.
-// The pair evaluations of a pass (each one exp and one reciprocal, ~12 instructions, either
-// way): dense, 32 x 32 tile pairs and 16 steps of each diagonal tile, 512 T^2 for T tiles of
-// 32; sparse, the rows in groups of kSmoothNdcgRows, each group against the list walked by the
-// block's threads, kSmoothNdcgRows ceil(np / kSmoothNdcgRows) x 256 ceil(len / 256).
-FR_HD bool smooth_ndcg_takes_sparse(int paths, int64_t np, int64_t len) {
-  if (paths != kAutoPath) return paths == kSparsePath;
-  const int64_t t = (len + 31) / 32, r = kSmoothNdcgRows, b = kSmoothNdcgThreads;
-  return r * ((np + r - 1) / r) * b * ((len + b - 1) / b) < 512 * t * t;
 }
 // version 2: the blocks of one direction's launch over `lists` lists, one list at a time each
 inline int64_t smooth_ndcg_list_blocks(int64_t lists) {

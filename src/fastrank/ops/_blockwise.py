@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 from torch import Tensor
 
-from .._native import acc_dtype
+from .._native import acc_dtype, variant_codes
 from ..topk import Lists
 from . import _smooth_rank as SR
 from . import recall_at_k as RK
@@ -46,27 +46,28 @@ def block_rows(block: int, rows: int, columns: int) -> int:
 
 
 # ---------------------------------------------------------------- the three row losses on a block
-# forward(S, lists of the block's rows, dense positives builder, hyper, with_grad) -> (per-query losses, ws);
-# backward(w, S, ws, hyper) -> dS. S is (block, C), direction i2t, reduction none.
-def _ndcg_forward(S, rows: Lists, positives, hyper, with_grad):
-    return SN._forward(S, None, None, [*rows, *rows], hyper[0], 1, 0, with_grad)
+# forward(S, lists of the block's rows, dense positives builder, hyper, (version, paths), with_grad) ->
+# (per-query losses, ws); backward(w, S, ws, hyper, (version, paths)) -> dS. S is (block, C), direction
+# i2t, reduction none.
+def _ndcg_forward(S, rows: Lists, positives, hyper, variant, with_grad):
+    return SN._forward(S, None, None, [*rows, *rows], hyper[0], 1, 0, *variant, with_grad)
 
 
-def _ndcg_backward(w, S, ws, hyper):
-    return SN._backward(w, S, None, ws, hyper[0], 1, 0)
+def _ndcg_backward(w, S, ws, hyper, variant):
+    return SN._backward(w, S, None, ws, hyper[0], 1, 0, variant[0])
 
 
-def _ap_forward(S, rows: Lists, positives, hyper, with_grad):
-    return SA._forward(S, positives(), None, hyper[0], 1, 0, with_grad)
+def _ap_forward(S, rows: Lists, positives, hyper, variant, with_grad):
+    return SA._forward(S, positives(), None, hyper[0], 1, 0, variant[0], with_grad)
 
 
-def _recall_forward(S, rows: Lists, positives, hyper, with_grad):
+def _recall_forward(S, rows: Lists, positives, hyper, variant, with_grad):
     n_ks = int(hyper[1])
     ks, tau_k = list(hyper[2:2 + n_ks]), list(hyper[2 + n_ks:2 + 2 * n_ks])
-    return RK._forward(S, positives(), None, ks, tau_k, hyper[0], 1, 0, with_grad)
+    return RK._forward(S, positives(), None, ks, tau_k, hyper[0], 1, 0, variant[0], with_grad)
 
 
-def _rank_backward(w, S, ws, hyper):
+def _rank_backward(w, S, ws, hyper, variant):
     return SR.backward(w, S, None, ws, 1, 0)
 
 
@@ -117,7 +118,7 @@ def per_query_losses(q: Tensor, d: Tensor, lists: List[Tensor], loss: str, hyper
     forward, _ = HEADS[loss]
     out = q.new_empty((query_count(q, d, direction),), dtype=acc_dtype(q.dtype))
     for A, B, offset, start, stop, rows, positives in _blocks(q, d, lists, direction, block):
-        losses, _ = forward(_similarities(A, B, start, stop), rows, positives, hyper, False)
+        losses, _ = forward(_similarities(A, B, start, stop), rows, positives, hyper, variant_codes(), False)
         out[offset + start:offset + stop] = losses
     return out
 
@@ -130,10 +131,11 @@ def gradients(grad: Tensor, q: Tensor, d: Tensor, lists: List[Tensor], loss: str
     gq = torch.zeros(q.shape, dtype=acc, device=q.device)
     gd = torch.zeros(d.shape, dtype=acc, device=d.device)
     w_all = grad.to(acc)
+    variant = variant_codes()
     for A, B, offset, start, stop, rows, positives in _blocks(q, d, lists, direction, block):
         S = _similarities(A, B, start, stop)
-        _, ws = forward(S, rows, positives, hyper, True)
-        dS = backward(w_all[offset + start:offset + stop], S, ws, hyper)
+        _, ws = forward(S, rows, positives, hyper, variant, True)
+        dS = backward(w_all[offset + start:offset + stop], S, ws, hyper, variant)
         gA, gB = (gq, gd) if A is q else (gd, gq)
         gA[start:stop] += dS @ B.to(acc)
         gB += dS.t() @ A[start:stop].to(acc)

@@ -1,22 +1,27 @@
 """Calling a native kernel: the one place where an op's tensors become a kernel call.
 
 The extension modules take the fields of a kernel's parameter struct (csrc/include/fastrank/
-<op>.h) as positional values in declaration order (csrc/bindings/fill.h): raw pointers
-(``data_ptr()``), sizes, element strides, hyper-parameters, the dtype code first and, for
-CUDA, the current stream last. Every op calls its kernels through
-``call(name, x, *args)``, which picks the module for x's device (``fastrank._C_cpu`` or
-``fastrank._C_cuda``; under ``fastrank._native.emulate_cuda``, the emulated CUDA module for
-CPU tensors) and adds the dtype code and the stream. ``cuda_kernels(x)`` tells an op which
-calling convention that module has: CUDA kernels read half precision directly, take
-relevance in its own dtype and need the device workspaces the op allocates, so an emulated
-run gets exactly the buffers the CUDA path allocates.
+<op>.h, one struct for both backends) as positional values in declaration order
+(csrc/bindings/fill.h): raw pointers (``data_ptr()``), sizes, element strides,
+hyper-parameters, the dtype code first and, for CUDA, the current stream last. An op declares
+each kernel it calls with the names of the fields it fills, ``FORWARD = kernel(name, "lists
+sim ...")`` (checked against the struct's own names, which the modules export, when it is
+declared), and calls ``FORWARD(x, *values)``: ``call(name, x, *values)``, which picks the module
+for x's device (``fastrank._C_cpu`` or ``fastrank._C_cuda``; under
+``fastrank._native.emulate_cuda``, the emulated CUDA module for CPU tensors) and adds the dtype
+code and the stream. The values are the same on every backend; ``cuda_kernels(x)`` tells an op
+what that module reads: CUDA kernels read half precision directly, take relevance in its own
+dtype and need the device workspaces the op allocates (0 for the CPU), so an emulated run gets
+exactly the buffers the CUDA path allocates.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from .._native import (DIRECTION_CODE, DTYPE_CODE, REDUCTION_CODE, acc_dtype, cpu_module, cuda_module,
-                       emulated_cuda, stream_of)
+                       declare_fields, emulated_cuda, stream_of)
 
 # the raw cudaStream_t of the current stream, read without building a Stream object
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -87,6 +92,15 @@ def call(name: str, like: torch.Tensor, *args):
     return getattr(cpu_module(), name)(code, *args)
 
 
+def kernel(name: str, fields: str):
+    """The call of kernel ``name`` whose parameter struct the caller fills with ``fields`` (their
+    names, in order, space-separated; the dtype code and the stream are added by ``call``):
+    ``kernel(name, fields)(x, *values) = call(name, x, *values)``. Raises TypeError now unless
+    they are the struct's fields (every native module loaded; an emulated one when it is set)."""
+    declare_fields(name, tuple(fields.split()))
+    return functools.partial(call, name)
+
+
 NO_LISTS = (0, 0, 0) * 2
 
 
@@ -114,18 +128,20 @@ def relevance_args(sim: torch.Tensor, relevance, lists):
     return DTYPE_CODE[r.dtype], mat(r), NO_LISTS, r
 
 
-def relevance_lists(relevance, direction: str) -> list:
+def relevance_lists(relevance, direction: str, columns: bool = True) -> list:
     """A :class:`fastrank.TopKRelevance` as an op takes it: the rows' and the columns'
-    (offsets, index, values) in turn (``TopKRelevance.row_lists``, ``column_lists``); a
-    direction not asked for gets the rows' (never read)."""
+    (offsets, index, values) in turn (``TopKRelevance.row_lists``, ``column_lists``). The
+    rows' stand in for the columns' (never read) where the direction is i2t alone, or where the
+    kernels make the columns' themselves (``columns`` false: the CPU kernels, by a counting pass
+    over the rows', O(nnz + M), csrc/cpu/relevance_lists.h)."""
     rows = relevance.row_lists()
-    cols = relevance.column_lists() if direction != "i2t" else rows
+    cols = relevance.column_lists() if columns and direction != "i2t" else rows
     return [*rows, *cols]
 
 
 def dense_from_lists(lists, n: int, m: int) -> torch.Tensor:
     """The (n, m) relevance matrix of an op's row lists, for the one kernel that reads the
-    matrix only (smooth-NDCG's CUDA version 1, FASTRANK_CUDA_KERNELS=v1)."""
+    matrix only (smooth-NDCG's CUDA version 1, ``fastrank.kernel_variant(version=1)``)."""
     from ..topk import Lists
     return Lists(*lists[0:3]).dense(0, n, m, lists[2].dtype)
 
@@ -139,5 +155,6 @@ def mask_args(mask):
     return mask.data_ptr(), s0, s1
 
 
-__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "module_for", "mask_args",
+__all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "kernel",
+           "module_for", "mask_args",
            "lists_args", "relevance_args", "relevance_lists", "dense_from_lists", "NO_LISTS", "DIRECTION_CODE", "REDUCTION_CODE"]

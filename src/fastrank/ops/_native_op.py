@@ -179,7 +179,7 @@ class NativeOp:
         """(qualified name, arguments) of the forward custom op on ``args`` (sim requiring
         grad: its autograd is checked) and of the backward op on that forward's outputs,
         with gradients ``upstream(output)``."""
-        sim = args[0].detach().clone().requires_grad_(True)
+        sim = kernel_input(args[0]).detach().clone().requires_grad_(True)
         args = (sim,) + tuple(args[1:])
         plain = (sim.detach(),) + args[1:]
         out = self.op(*plain)

@@ -17,7 +17,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._native import acc_dtype, has_native
 from ._floor import PASSES
-from ._launch import call, cuda_kernels, kernel_input, mask_args, mat, module_for
+from ._launch import cuda_kernels, kernel, mask_args, mat, module_for
 from ._native_op import Backward
 
 
@@ -31,51 +31,53 @@ def sizes(n: int, m: int, direction: int):
     return q, (d1 + d2) * n * m + 2 * q + 2
 
 
-def forward(kernel: str, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head_args: Sequence,
-            tau: float, direction: int, reduction: int, with_grad: bool = True):
-    """(loss, ws) of the forward kernel ``kernel`` (smooth_ap_forward, recall_at_k_forward):
-    loss is () for mean/sum, (Q,) for none, in the accumulation dtype. head_args: the head's
-    own fields, after smooth_ap's (recall_at_k: ks, tau_k, their count)."""
-    s = kernel_input(sim)
+# the fields of SmoothApForward (smooth_ap.h), in order; a head adds its own after them
+FORWARD_FIELDS = "lists version sim pos mask tau with_grad out ws partials"
+
+
+def forward(kernel, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head_args: Sequence,
+            tau: float, direction: int, reduction: int, version: int, with_grad: bool = True):
+    """(loss, ws) of the forward kernel ``kernel`` (smooth_ap_forward's or recall_at_k_forward's
+    call, ``_launch.kernel``): loss is () for mean/sum, (Q,) for none, in the accumulation
+    dtype. head_args: the head's own fields, after smooth_ap's (recall_at_k: ks, tau_k, their
+    count). version: the CUDA kernels' (``fastrank.kernel_variant``). sim: as its kernels read
+    it (``NativeOp`` converts it once)."""
+    s = sim
     acc = acc_dtype(s.dtype)
     n, m = s.shape
     q, ws_numel = sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
-    # the fields of SmoothApForward / RecallAtKForward (smooth_ap.h, recall_at_k.h), in order:
-    # the CPU struct's, then on CUDA the partial sums (and the stream, added by call)
-    args = (n, m, direction, reduction, *mat(s), *mat(positives), *mask_args(mask), tau, int(with_grad),
-            out.data_ptr(), ws.data_ptr(), *head_args)
-    if cuda_kernels(s):
-        part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc)
-        call(kernel, s, *args, part.data_ptr())
-    else:
-        call(kernel, s, *args)
+    part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc) \
+        if cuda_kernels(s) else None
+    kernel(s, n, m, direction, reduction, version, *mat(s), *mat(positives), *mask_args(mask), tau, int(with_grad),
+           out.data_ptr(), ws.data_ptr(), 0 if part is None else part.data_ptr(), *head_args)
     return out, ws
 
 
-def backward_call(kernel: str, grad_out: Tensor, sim: Tensor, ws: Tensor, direction: int, reduction: int,
+def backward_call(kernel, grad_out: Tensor, sim: Tensor, ws: Tensor, direction: int, reduction: int,
                   middle) -> Tensor:
-    """The backward of a smooth-rank head (``kernel``: smooth_rank_backward, smooth_ndcg_backward):
+    """The backward of a smooth-rank head (``kernel``: smooth_rank_backward's or smooth_ndcg_backward's
+    call, ``_launch.kernel``):
     grad_out in ws's dtype (any stride: an expanded gradient is fine), the gradient allocated
-    (n, m) in sim's kernel dtype and cast back to sim's dtype. ``middle(s)``: the head's own
-    fields between the list arguments and grad_out (s = sim as its kernels read it)."""
-    s = kernel_input(sim)
+    (n, m) in the dtype of sim, the forward's (as its kernels read it: autograd casts it back).
+    ``middle(sim)``: the head's own fields between the list arguments and grad_out."""
     if grad_out.dtype != ws.dtype:
         grad_out = grad_out.to(ws.dtype)
     gs = grad_out.stride(0) if grad_out.dim() else 0
-    n, m = s.shape
-    grad = s.new_empty((n, m))
-    call(kernel, s, n, m, direction, reduction, *middle(s), grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
-    return grad if grad.dtype == sim.dtype else grad.to(sim.dtype)
+    n, m = sim.shape
+    grad = sim.new_empty((n, m))
+    kernel(sim, n, m, direction, reduction, *middle(sim), grad_out.data_ptr(), gs, ws.data_ptr(), grad.data_ptr())
+    return grad
+
+
+_BACKWARD = kernel("smooth_rank_backward", "lists mask grad_out ws grad")  # smooth_ap.h's SmoothRankBackward
 
 
 def backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, direction: int,
              reduction: int) -> Tensor:
     """d (grad_out . loss) / d sim, contiguous, in sim's dtype."""
-    # the CUDA backward reads no mask (masked entries of G are 0)
-    return backward_call("smooth_rank_backward", grad_out, sim, ws, direction, reduction,
-                         lambda s: () if cuda_kernels(s) else mask_args(mask))
+    return backward_call(_BACKWARD, grad_out, sim, ws, direction, reduction, lambda s: mask_args(mask))
 
 
 # fastrank::smooth_rank_backward: the backward of fastrank::smooth_ap and fastrank::recall_at_k

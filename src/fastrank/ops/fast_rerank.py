@@ -40,17 +40,23 @@ from .. import _validation as V
 from .._native import acc_dtype, has_native
 from ..reference.fast_rerank import fast_rerank as fast_rerank_reference
 from ._floor import PASSES
-from ._launch import call, cuda_kernels, kernel_input, mat, module_for
+from ._launch import cuda_kernels, kernel, kernel_input, mat, module_for
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from . import _contract as C
 from ._row import Loss
 
 
-def _run(name: str, x: Tensor, *args) -> Optional[bool]:
-    """Run kernel ``name`` for x (``_launch.call``). Returns the CPU kernels' "statistics
+# the fields of FastRerankLse / FastRerankForward / FastRerankBackward (fast_rerank.h), in order
+_LSE = kernel("fast_rerank_lse", "dt n m sim g1 l1 workspace col_lse row_lse")
+_FORWARD = kernel("fast_rerank_forward", "dt n m sim g1 g2 l1 l2 workspace col_lse row_lse i2t t2i")
+_BACKWARD = kernel("fast_rerank_backward", "dt n m sim g_i2t g_t2i col_lse row_lse g1 g2 l1 l2 workspace grad")
+
+
+def _run(run, x: Tensor, *args) -> Optional[bool]:
+    """Run a kernel's call (``_launch.kernel``) for x. Returns the CPU kernels' "statistics
     finite" flag, or None from CUDA kernels (asynchronous: the flag is unknown)."""
-    ok = call(name, x, *args)
+    ok = run(x, *args)
     return None if cuda_kernels(x) else bool(ok)
 
 
@@ -79,7 +85,7 @@ def _forward(sim: Tensor, g1: float, g2: float, l1: float, l2: float):
     stats = torch.empty((m + n,), dtype=acc, device=x.device)
     ws = _workspace(x, n, m, acc)  # held in a variable: it must outlive the call
     sp = stats.data_ptr()
-    ok = _run("fast_rerank_forward", x, n, m, *mat(x), g1, g2, l1, l2,
+    ok = _run(_FORWARD, x, n, m, *mat(x), g1, g2, l1, l2,
               _ptr(ws), sp, sp + m * stats.element_size(), i2t.data_ptr(), t2i.data_ptr())
     if x is not sim:  # CPU half precision
         i2t, t2i = i2t.to(sim.dtype), t2i.to(sim.dtype)
@@ -107,7 +113,7 @@ def _backward(grad_i2t: Optional[Tensor], grad_t2i: Optional[Tensor], sim: Tenso
     grad = torch.empty((n, m), dtype=x.dtype, device=x.device)
     ws = _workspace(x, n, m, stats.dtype)
     sp = stats.data_ptr()
-    _run("fast_rerank_backward", x, n, m, *mat(x), p1, s1r, s1c, p2, s2r, s2c,
+    _run(_BACKWARD, x, n, m, *mat(x), p1, s1r, s1c, p2, s2r, s2c,
          sp, sp + m * stats.element_size(), g1, g2, l1, l2, _ptr(ws), grad.data_ptr())
     del k1, k2, ws
     return grad if x is sim else grad.to(sim.dtype)
@@ -170,7 +176,7 @@ def fast_rerank_lse(sim: Tensor, gamma1: float, lam1: float) -> tuple[Tensor, Te
     col_lse = x.new_empty((m,), dtype=acc)
     row_lse = x.new_empty((n,), dtype=acc)
     ws = _workspace(x, n, m, acc)
-    _run("fast_rerank_lse", x, n, m, *mat(x), float(gamma1), float(lam1), _ptr(ws), col_lse.data_ptr(),
+    _run(_LSE, x, n, m, *mat(x), float(gamma1), float(lam1), _ptr(ws), col_lse.data_ptr(),
          row_lse.data_ptr())
     return col_lse, row_lse
 

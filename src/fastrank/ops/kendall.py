@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import has_native, pair_path_code
+from .._native import has_native, variant_codes
 from ..reference.kendall import kendall_reference
 from ._floor import pair_count, rw_bytes
 from ..topk import TopKRelevance
-from ._launch import (DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, cuda_kernels, mask_args, mat, module_for,
+from ._launch import (DIRECTION_CODE, REDUCTION_CODE, acc_dtype, cuda_kernels, kernel, mask_args, mat, module_for,
                       relevance_args, relevance_lists)
 from . import _contract as C
 from ._module import ModuleForm
@@ -42,12 +42,17 @@ def aux_numel(n: int, m: int, direction: int) -> int:
     return 2 * _n_total(n, m, direction) + 2
 
 
+# the fields of KendallForward / KendallBackward (kendall.h), in order
+_FORWARD = kernel("kendall_forward", "lists rel_dt sim rel mask rel_i2t rel_t2i paths alpha loss dsim aux partials")
+_BACKWARD = kernel("kendall_backward", "lists dsim aux grad_out grad")
+
+
 def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], lists: List[Tensor],
-             alpha: float, direction: int, reduction: int):
+             alpha: float, direction: int, reduction: int, paths: int):
     """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
     accumulation dtype), or None and ``lists`` (a TopKRelevance's rows and columns:
     ``_launch.relevance_lists``), mask bool or None (any strides). Returns (loss, dsim (n_dir,
-    N, M), aux), see kendall.h."""
+    N, M), aux), see kendall.h. paths: the pair pass's code (``fastrank.kernel_variant``)."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     rel_dt, rel, rel_lists, _held = relevance_args(sim, relevance, lists)  # lists: never an (n, m) matrix
@@ -56,10 +61,10 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
     aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
     # CUDA: the forward's scratch (kendall.h: each block's gathered list)
-    part = (sim.new_empty((module_for(sim).kendall_partials_numel(n, m, direction),), dtype=acc),) \
-        if cuda_kernels(sim) else ()
-    call("kendall_forward", sim, n, m, direction, reduction, rel_dt, *mat(sim), *rel, *mask_args(mask), *rel_lists,
-         pair_path_code(), alpha, loss.data_ptr(), dsim.data_ptr(), aux.data_ptr(), *(x.data_ptr() for x in part))
+    part = sim.new_empty((module_for(sim).kendall_partials_numel(n, m, direction),), dtype=acc) \
+        if cuda_kernels(sim) else None
+    _FORWARD(sim, n, m, direction, reduction, rel_dt, *mat(sim), *rel, *mask_args(mask), *rel_lists, paths, alpha,
+             loss.data_ptr(), dsim.data_ptr(), aux.data_ptr(), 0 if part is None else part.data_ptr())
     return loss, dsim, aux
 
 
@@ -70,12 +75,11 @@ def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim_dtype: torch.dty
     n, m = dsim.shape[1], dsim.shape[2]
     go = grad_loss.to(dsim.dtype).contiguous()
     grad = torch.empty((n, m), dtype=sim_dtype, device=dsim.device)
-    call("kendall_backward", grad, n, m, direction, reduction, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(),
-         grad.data_ptr())
+    _BACKWARD(grad, n, m, direction, reduction, dsim.data_ptr(), aux.data_ptr(), go.data_ptr(), grad.data_ptr())
     return grad
 
 
-def _fake_forward(sim, relevance, mask, lists, alpha, direction, reduction):
+def _fake_forward(sim, relevance, mask, lists, alpha, direction, reduction, paths):
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     n_total = _n_total(n, m, direction)
@@ -136,25 +140,18 @@ def kendall_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], alpha: fl
     NaN or inf in sim or relevance: ValueError on CPU by default (docs/spec.md §1); with the
     check off (CUDA default) the loss and gradient come back non-finite.
     """
-    V.check_sim(sim, values=False)
-    topk = isinstance(relevance, TopKRelevance)
-    if topk:
-        V.check_topk_relevance(relevance, sim)
-    else:
-        V.check_relevance(relevance, sim, values=False)
-    mask = V.check_mask(mask, sim)
-    alpha, direction, reduction = _check_hyper(alpha, direction, reduction)
-    impl = V.check_impl(impl)
-    V.check_data(sim, relevance)
+    topk, (alpha, direction, reduction), impl = V.check_graded_inputs(
+        sim, relevance, mask, impl, _check_hyper, (alpha, direction, reduction))
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
         acc = acc_dtype(sim.dtype)
         rel = relevance.to_dense(acc) if topk else relevance.to(acc)
         return kendall_reference(sim.to(acc), rel, alpha, direction, reduction, mask)
     if topk:
-        return KENDALL(sim, None, mask, relevance_lists(relevance, direction), alpha, DIRECTION_CODE[direction],
-                       REDUCTION_CODE[reduction])
-    return KENDALL(sim, relevance, mask, [], alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+        return KENDALL(sim, None, mask, relevance_lists(relevance, direction, cuda_kernels(sim)), alpha,
+                       DIRECTION_CODE[direction], REDUCTION_CODE[reduction], variant_codes()[1])
+    return KENDALL(sim, relevance, mask, [], alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
+                   variant_codes()[1])
 
 
 class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"), check=_check_hyper):
@@ -164,7 +161,7 @@ class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["alpha"], *C.codes(h)),
+    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["alpha"], *C.codes(h), variant_codes()[1]),
     C.graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),))

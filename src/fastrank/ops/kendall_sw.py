@@ -21,7 +21,7 @@ from .._native import DTYPE_CODE, has_native
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
 from ._floor import rw_bytes
-from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, call, kernel_relevance, mat
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, kernel, kernel_relevance, mat
 from .kendall import aux_numel
 from . import _contract as C
 from ._module import ModuleForm
@@ -35,6 +35,11 @@ def _n_total(n: int, m: int, direction: int) -> int:
     return (n if direction & 1 else 0) + (m if direction & 2 else 0)
 
 
+# the fields of KendallSwForward / KendallSwBackward (kendall_sw.h), in order
+_FORWARD = kernel("kendall_sw_forward", "lists rel_dt sim rel alpha beta hi n_w loss idx aux")
+_BACKWARD = kernel("kendall_sw_backward", "lists sim idx n_w aux grad_out grad")
+
+
 def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: float, n_w: int, direction: int,
              reduction: int):
     """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
@@ -46,7 +51,7 @@ def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: floa
     loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
     idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
     aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
-    call("kendall_sw_forward", sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim),
+    _FORWARD(sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim),
          *mat(relevance), alpha, beta, hi, n_w, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
     return loss, idx, aux
 
@@ -56,7 +61,7 @@ def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, directio
     n, m = sim.shape
     go = grad_loss.to(aux.dtype).contiguous()
     grad = torch.empty((n, m), dtype=sim.dtype, device=sim.device)
-    call("kendall_sw_backward", sim, n, m, direction, reduction, *mat(sim), idx.data_ptr(), idx.shape[1],
+    _BACKWARD(sim, n, m, direction, reduction, *mat(sim), idx.data_ptr(), idx.shape[1],
          aux.data_ptr(), go.data_ptr(), grad.data_ptr())
     return grad
 

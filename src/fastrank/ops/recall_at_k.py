@@ -15,12 +15,12 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import MAX_KS, acc_dtype
+from .._native import MAX_KS, acc_dtype, variant_codes
 from .._reduce import per_positive_query
 from ..reference.recall_at_k import recall_at_k_per_query
 from . import _smooth_rank as SR
 from . import _contract as C
-from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, kernel
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
@@ -64,15 +64,18 @@ def check_tau_k(tau_k, n: int) -> Tuple[float, ...]:
 # One forward kernel call (every requested direction, the reduction, each query's gradient
 # row) and smooth_ap's elementwise backward: src/fastrank/ops/_smooth_rank.py. The custom op
 # fastrank::recall_at_k, the eager Function and the switch: src/fastrank/ops/_native_op.py.
+_FORWARD = kernel("recall_at_k_forward", SR.FORWARD_FIELDS + " ks tk n_k")  # recall_at_k.h
+
+
 def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], ks: list[float], tau_k: list[float],
-             tau: float, direction: int, reduction: int, with_grad: bool = True):
+             tau: float, direction: int, reduction: int, version: int, with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
-    (accumulation dtype) is what the backward needs."""
-    return SR.forward("recall_at_k_forward", sim, positives, mask, (ks, tau_k, len(ks)), tau, direction, reduction,
+    (accumulation dtype) is what the backward needs. version: the CUDA kernels'."""
+    return SR.forward(_FORWARD, sim, positives, mask, (ks, tau_k, len(ks)), tau, direction, reduction, version,
                       with_grad)
 
 
-def _fake_forward(sim, positives, mask, ks, tau_k, tau, direction, reduction):
+def _fake_forward(sim, positives, mask, ks, tau_k, tau, direction, reduction, version):
     return SR.fake_forward(sim, direction, reduction)
 
 
@@ -135,7 +138,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
         sim, positives, mask, impl, "recall_at_k_loss", _check_hyper, ks, tau, tau_k, direction, reduction)
     if native:
         return RECALL_AT_K(sim, positives, mask, [float(k) for k in ks], [float(t) for t in tau_k], tau,
-                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction], variant_codes()[0])
     return _reference(sim, positives, ks, tau, tau_k, direction, reduction, mask)
 
 
@@ -150,7 +153,7 @@ def _op_args(x, h):
     ks = check_ks(h["ks"])
     tau_k = check_tau_k(h["tau_k"], len(ks))
     return (x["sim"], x["positives"], x.get("mask"), [float(k) for k in ks], [float(t) for t in tau_k], h["tau"],
-            *C.codes(h))
+            *C.codes(h), variant_codes()[0])
 
 
 CONTRACT = C.glue_contract(

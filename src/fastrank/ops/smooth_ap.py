@@ -16,12 +16,12 @@ from typing import Optional
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype
+from .._native import acc_dtype, variant_codes
 from .._reduce import per_positive_query
 from ..reference.smooth_ap import smooth_ap_per_query
 from . import _smooth_rank as SR
 from . import _contract as C
-from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, kernel
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
@@ -31,14 +31,17 @@ from ._row import Loss
 # One forward kernel call (every requested direction, the reduction, each query's gradient
 # row) and one elementwise backward: src/fastrank/ops/_smooth_rank.py. The custom op
 # fastrank::smooth_ap, the eager Function and the switch: src/fastrank/ops/_native_op.py.
+_FORWARD = kernel("smooth_ap_forward", SR.FORWARD_FIELDS)
+
+
 def _forward(sim: Tensor, positives: Tensor, mask: Optional[Tensor], tau: float, direction: int, reduction: int,
-             with_grad: bool = True):
+             version: int, with_grad: bool = True):
     """(loss, ws): loss is () for mean/sum, (Q,) per-query losses (i2t first) for none; ws
-    (accumulation dtype) is what the backward needs."""
-    return SR.forward("smooth_ap_forward", sim, positives, mask, (), tau, direction, reduction, with_grad)
+    (accumulation dtype) is what the backward needs. version: the CUDA kernels'."""
+    return SR.forward(_FORWARD, sim, positives, mask, (), tau, direction, reduction, version, with_grad)
 
 
-def _fake_forward(sim, positives, mask, tau, direction, reduction):
+def _fake_forward(sim, positives, mask, tau, direction, reduction, version):
     return SR.fake_forward(sim, direction, reduction)
 
 
@@ -90,7 +93,8 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
     positives, (tau, direction, reduction), native = SR.checked_inputs(
         sim, positives, mask, impl, "smooth_ap_loss", _check_hyper, tau, direction, reduction)
     if native:
-        return SMOOTH_AP(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+        return SMOOTH_AP(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
+                         variant_codes()[0])
     return _reference(sim, positives, tau, direction, reduction, mask)
 
 
@@ -101,7 +105,7 @@ class SmoothAPLoss(ModuleForm, functional=smooth_ap_loss, inputs=("sim", "positi
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    SMOOTH_AP, lambda x, h: (x["sim"], x["positives"], x.get("mask"), h["tau"], *C.codes(h)),
+    SMOOTH_AP, lambda x, h: (x["sim"], x["positives"], x.get("mask"), h["tau"], *C.codes(h), variant_codes()[0]),
     C.subset_examples({}),
     C.TENSOR_CASES + C.POSITIVES_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("tau < 0", ValueError, "tau", hyper={"tau": -1.0}),))

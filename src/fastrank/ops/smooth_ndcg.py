@@ -16,15 +16,15 @@ from typing import List, Optional, Union
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype, has_native, pair_path_code
+from .._native import acc_dtype, has_native, variant_codes
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from ..topk import TopKRelevance
 from . import _smooth_rank
 from . import _contract as C
 from ._floor import PASSES, pair_count, rw_bytes
-from ._launch import (DIRECTION_CODE, REDUCTION_CODE, call, cuda_kernels, dense_from_lists, kernel_input, mask_args,
-                      mat, module_for, relevance_args, relevance_lists)
+from ._launch import (DIRECTION_CODE, REDUCTION_CODE, cuda_kernels, dense_from_lists, kernel, mask_args, mat,
+                      module_for, relevance_args, relevance_lists)
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
@@ -33,15 +33,23 @@ from ._row import Loss
 _sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
 
 
+# the fields of SmoothNdcgForward / SmoothNdcgBackward (smooth_ndcg.h), in order
+_FORWARD = kernel("smooth_ndcg_forward",
+                  "lists rel_dt sim rel mask rel_i2t rel_t2i version paths tau with_grad out ws partials")
+_BACKWARD = kernel("smooth_ndcg_backward", "lists version sim mask tau grad_out ws grad")
+
+
 def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], lists: List[Tensor],
-             tau: float, direction: int, reduction: int, with_grad: bool = True):
+             tau: float, direction: int, reduction: int, version: int, paths: int, with_grad: bool = True):
     """relevance: the (N, M) matrix, or None and ``lists`` (a TopKRelevance's rows and columns as
-    the kernels read them: offsets, index and values of each, ``_lists``)."""
-    s = kernel_input(sim)
+    the kernels read them: offsets, index and values of each, ``relevance_lists``). version,
+    paths: the kernel variant's codes (``fastrank.kernel_variant``). sim: as its kernels read it
+    (``NativeOp`` converts it once)."""
+    s = sim
     acc = acc_dtype(s.dtype)
     n, m = s.shape
     cuda = cuda_kernels(s)
-    if relevance is None and cuda and module_for(s).kernel_version() == 1:
+    if relevance is None and cuda and version == 1:
         relevance = dense_from_lists(lists, n, m)  # CUDA version 1 reads the matrix only (smooth_ndcg.h)
     # relevance in sim's dtype or the accumulation type (never rounded to half precision); lists
     # are read as they are by the CPU kernels and CUDA version 2: the (n, m) matrix is never made
@@ -49,25 +57,20 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     q, ws_numel = _sizes(n, m, direction)
     out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
     ws = s.new_empty((ws_numel,), dtype=acc)
-    # the fields of the backend's SmoothNdcgForward (smooth_ndcg.h), in order
-    if cuda:
-        part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc)
-        call("smooth_ndcg_forward", s, n, m, direction, reduction, rel_dt, *mat(s), *rel, *mask_args(mask),
-             *rel_lists, pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr(), part.data_ptr())
-    else:
-        call("smooth_ndcg_forward", s, n, m, direction, reduction, *mat(s), *rel, *mask_args(mask), *rel_lists,
-             pair_path_code(), tau, int(with_grad), out.data_ptr(), ws.data_ptr())
+    part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc) if cuda else None
+    _FORWARD(s, n, m, direction, reduction, rel_dt, *mat(s), *rel, *mask_args(mask), *rel_lists, version, paths, tau,
+             int(with_grad), out.data_ptr(), ws.data_ptr(), 0 if part is None else part.data_ptr())
     return out, ws
 
 
 def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor, tau: float,
-              direction: int, reduction: int) -> Tensor:
-    # the CUDA backward runs the pair pass over sim; the CPU one is elementwise over ws
-    return _smooth_rank.backward_call("smooth_ndcg_backward", grad_out, sim, ws, direction, reduction,
-                                      lambda s: (*(mat(s) if cuda_kernels(s) else ()), *mask_args(mask), tau))
+              direction: int, reduction: int, version: int) -> Tensor:
+    # CUDA version 1's backward runs the pair pass over sim; the others are elementwise over ws
+    return _smooth_rank.backward_call(_BACKWARD, grad_out, sim, ws, direction, reduction,
+                                      lambda s: (version, *mat(s), *mask_args(mask), tau))
 
 
-def _fake_forward(sim, relevance, mask, lists, tau, direction, reduction):
+def _fake_forward(sim, relevance, mask, lists, tau, direction, reduction, version, paths):
     acc = acc_dtype(sim.dtype)
     q, ws_numel = _sizes(sim.shape[0], sim.shape[1], direction)
     return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc),
@@ -143,22 +146,16 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: 
     with ``FASTRANK_CHECK_FINITE=1``): NaN/inf in sim or relevance, or a negative
     relevance (every entry, masked ones included), raise ValueError.
     """
-    V.check_sim(sim, values=False)
-    topk = isinstance(relevance, TopKRelevance)
-    if topk:
-        V.check_topk_relevance(relevance, sim)
-    else:
-        V.check_relevance(relevance, sim, values=False)
-    V.check_mask(mask, sim)
-    tau, direction, reduction = _check_hyper(tau, direction, reduction)
-    impl = V.check_impl(impl)
-    V.check_data(sim, relevance, relevance_min=0.0, loss="smooth_ndcg_loss")
+    topk, (tau, direction, reduction), impl = V.check_graded_inputs(
+        sim, relevance, mask, impl, _check_hyper, (tau, direction, reduction), relevance_min=0.0,
+        loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
     if topk:
-        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance.detach(), direction), tau,
-                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
-    return SMOOTH_NDCG(sim, relevance, mask, [], tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction])
+        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance.detach(), direction, cuda_kernels(sim)), tau,
+                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction], *variant_codes())
+    return SMOOTH_NDCG(sim, relevance, mask, [], tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
+                       *variant_codes())
 
 
 class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance", "mask"),
@@ -169,7 +166,7 @@ class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "re
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["tau"], *C.codes(h)),
+    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["tau"], *C.codes(h), *variant_codes()),
     C.graded_examples({"tau": 0.3}, "t2i", {"tau": 0.5}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("negative relevance", ValueError, "relevance", inputs=lambda x: {"relevance": x["relevance"] - 1}),
