@@ -12,8 +12,10 @@ line (cli.py) writes the payload to ``<out>/<device>-<date>-<case>[-<tag>].json`
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -36,6 +38,13 @@ class Case:
 
     def lacks(self) -> Optional[str]:
         return self.missing() if self.missing else None
+
+    @property
+    def source(self) -> str:
+        """The file that defines the case, from the repository's root (``benchmarks/cases/<name>.py``;
+        the quality study's is ``quality/study.py``)."""
+        path = Path(inspect.getsourcefile(self.run)).resolve()
+        return path.relative_to(Path(__file__).resolve().parents[1]).as_posix()
 
 
 def payload(case: str, device: torch.device, config: dict, records: List[dict], report: dict,

@@ -169,7 +169,7 @@ def main(argv: Optional[List[str]] = None, launcher: Optional[List[str]] = None)
         from .cases import CASES
         width = max(len(n) for n in CASES)
         for name, case in CASES.items():
-            print(f"{name:<{width}}  benchmarks/cases/{name}.py\n{'':<{width}}  {case.about}")
+            print(f"{name:<{width}}  {case.source}\n{'':<{width}}  {case.about}")
         return 0
     with A.usage_errors(PROG):
         A.check_cuda(args.device)

@@ -55,8 +55,9 @@ int main(int argc, char** argv) {
   const int both = fastrank::kBoth, mean = fastrank::kMean;
   if (op == "smooth_ndcg") {
     std::vector<float> out(2 * n + 4), ws(fastrank::smooth_ndcg_ws_numel(n, n, both));
-    fastrank::cpu::SmoothNdcgForward p;
+    fastrank::SmoothNdcgForward p{};  // no top-k lists, version and pair pass by default, no partials
     p.lists = {DType::f32, n, n, both, mean};
+    p.rel_dt = DType::f32;
     p.sim = {sim.data(), n, 1};
     p.rel = {rel.data(), n, 1};
     p.mask = {nullptr, 0, 0};

@@ -173,17 +173,20 @@ def test_list_names_every_case_and_its_file(bench):
     out = subprocess.run([sys.executable, str(BENCH), "--list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for name, case in bench.cases.CASES.items():
-        assert f"benchmarks/cases/{name}.py" in out.stdout and case.about in out.stdout
-        assert (BENCH / "cases" / f"{name}.py").is_file()
+        assert case.source in out.stdout and case.about in out.stdout
+        assert (BENCH.parent / case.source).is_file()
+        assert case.source == (f"benchmarks/cases/{name}.py" if name != "quality" else "quality/study.py")
 
 
 # ---------------------------------------------------------------- the subject
 
 def _checkout_without_native(where: Path) -> Path:
-    """A copy of the checkout's benchmarks/ and its package beside them, with no native module: a
-    source tree that shadows the build (the src/ layout keeps the real checkout from doing so)."""
+    """A copy of the checkout's benchmarks/ (with the quality study beside it, one of its cases) and
+    its package beside them, with no native module: a source tree that shadows the build (the src/
+    layout keeps the real checkout from doing so)."""
     ignore = shutil.ignore_patterns("__pycache__", "results", "*.so", "*.pyd")
     shutil.copytree(BENCH, where / "benchmarks", ignore=ignore)
+    shutil.copytree(ROOT / "quality", where / "quality", ignore=ignore)
     shutil.copytree(ROOT / "src" / "fastrank", where / "fastrank", ignore=ignore)
     return where
 

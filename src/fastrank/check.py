@@ -15,14 +15,13 @@ bfloat16 at most twice the error of the reference run in bfloat16.
 The devices: the CPU at every instruction-set level this CPU runs (the level in use here,
 each other one in a child process with ``FASTRANK_CPU_ISA`` set, since a level is picked at
 import; with ``FASTRANK_CPU_ISA`` already set, that level alone), and every CUDA device torch
-sees, under each version of the CUDA kernels (:func:`cuda_kernel_version`).
+sees, under each version of the CUDA kernels (:func:`fastrank.kernel_variant`).
 
 One line per case (op, device, dtype, case, the largest error against its tolerance, ok or
 FAIL), then a summary line; exit status 0 when every case passed, 1 otherwise.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -53,23 +52,8 @@ SUMMARY = "fastrank check:"
 def cuda_kernel_versions() -> Tuple[int, ...]:
     """The versions of the CUDA kernels built side by side (smooth-NDCG and the smooth-rank
     engine's forward: 1 and 2, docs/developing.md); every op runs under each (an op with one
-    version runs it each time)."""
-    return (1, 2)
-
-
-@contextlib.contextmanager
-def cuda_kernel_version(version: int) -> Iterator[None]:
-    """Inside, the CUDA kernels run ``version``: today the variable FASTRANK_CUDA_KERNELS,
-    which csrc/include/fastrank/launch.h reads at every call."""
-    before = os.environ.get("FASTRANK_CUDA_KERNELS")
-    os.environ["FASTRANK_CUDA_KERNELS"] = f"v{version}"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("FASTRANK_CUDA_KERNELS", None)
-        else:
-            os.environ["FASTRANK_CUDA_KERNELS"] = before
+    version runs it each time), selected per call by :func:`fastrank.kernel_variant`."""
+    return _native.VERSIONS
 
 
 # ---------------------------------------------------------------- the cases
@@ -309,7 +293,7 @@ def run(device: str = "auto", ops: Optional[Sequence[str]] = None) -> int:
             tally.result(Result("(every op)", str(dev), "-", "the CUDA module", False, detail=why))
             continue
         for version in cuda_kernel_versions():
-            with cuda_kernel_version(version):
+            with _native.kernel_variant(version=version):
                 check_device(rows, dev, f"{dev}/v{version}", references, tally)
     seconds = time.monotonic() - start
     failed = sorted(set(tally.failed))
