@@ -62,6 +62,7 @@ def quick_run(tmp_path_factory):
     return out, proc, payloads
 
 
+@pytest.mark.slow  # the quick run of every case (about 4 min on 2 cores): make test-slow
 def test_quick_runs_every_case_without_errors(bench, quick_run):
     out, proc, payloads = quick_run
     # every case but those whose optional dependency is not installed (quality: gensim's data)
@@ -85,6 +86,7 @@ def test_quick_runs_every_case_without_errors(bench, quick_run):
                 assert 0 < t["min_s"] <= t["p25_s"] <= t["median_s"] <= t["p75_s"] <= t["max_s"], r
 
 
+@pytest.mark.slow  # the quick run of every case (about 4 min on 2 cores): make test-slow
 def test_quick_sweep_covers_every_op_and_mode(bench, quick_run):
     _, _, payloads = quick_run
     data = payloads["sweep"][1]
@@ -114,6 +116,7 @@ def test_quick_sweep_covers_every_op_and_mode(bench, quick_run):
     assert payloads["sweep"][0].with_suffix(".png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # the quick run of every case (about 4 min on 2 cores): make test-slow
 def test_quick_percall_runs_one_thread_against_the_trivial_op(quick_run):
     _, _, payloads = quick_run
     path, data = payloads["percall"]
@@ -135,6 +138,7 @@ def test_quick_percall_runs_one_thread_against_the_trivial_op(quick_run):
     assert "| native / trivial | reference / native |" in md
 
 
+@pytest.mark.slow  # the quick run of every case (about 4 min on 2 cores): make test-slow
 def test_quick_slate_checks_values_and_measures_both_sides(quick_run):
     _, _, payloads = quick_run
     recs = payloads["slate"][1]["results"]
@@ -146,6 +150,7 @@ def test_quick_slate_checks_values_and_measures_both_sides(quick_run):
     assert all(r["status"] == "ok" for r in recs if r["impl"] in ("fastrank", "allrank"))
 
 
+@pytest.mark.slow  # the quick run of every case (about 4 min on 2 cores): make test-slow
 def test_quick_metrics_and_the_peer_case(quick_run):
     _, _, payloads = quick_run
     metrics = payloads["metrics"][1]["results"]
@@ -156,6 +161,7 @@ def test_quick_metrics_and_the_peer_case(quick_run):
         assert r["status"] == "ok" or r["reason"], r
 
 
+@pytest.mark.slow  # the quick run of every case (about 4 min on 2 cores): make test-slow
 def test_quick_cpu_kernels_times_the_kernels_beside_the_public_call(quick_run):
     _, _, payloads = quick_run
     recs = payloads["cpu_kernels"][1]["results"]
