@@ -42,6 +42,16 @@ def aux_numel(n: int, m: int, direction: int) -> int:
     return 2 * _n_total(n, m, direction) + 2
 
 
+def empty_outputs(sim: Tensor, direction: int, reduction: int, middle: Tensor) -> tuple:
+    """The forward outputs of the Kendall kernels (kendall_sw's too), allocated for the kernel
+    and by the fake forward alike: the loss ((queries,) for reduction "none", else a scalar), the
+    op's own ``middle`` output, aux; in the accumulation type."""
+    n, m = sim.shape
+    acc = acc_dtype(sim.dtype)
+    loss = sim.new_empty((_n_total(n, m, direction),) if reduction == 0 else (), dtype=acc)
+    return loss, middle, sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
+
+
 # the fields of KendallForward / KendallBackward (kendall.h), in order
 _FORWARD = kernel("kendall_forward", "lists rel_dt sim rel mask rel_i2t rel_t2i paths alpha loss dsim aux partials")
 _BACKWARD = kernel("kendall_backward", "lists dsim aux grad_out grad")
@@ -56,10 +66,8 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
     rel_dt, rel, rel_lists, _held = relevance_args(sim, relevance, lists)  # lists: never an (n, m) matrix
-    n_total = _n_total(n, m, direction)
-    loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
-    dsim = sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc)
-    aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
+    loss, dsim, aux = empty_outputs(sim, direction, reduction,
+                                    sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc))
     # CUDA: the forward's scratch (kendall.h: each block's gathered list)
     part = sim.new_empty((module_for(sim).kendall_partials_numel(n, m, direction),), dtype=acc) \
         if cuda_kernels(sim) else None
@@ -80,12 +88,8 @@ def _backward(grad_loss: Tensor, dsim: Tensor, aux: Tensor, sim_dtype: torch.dty
 
 
 def _fake_forward(sim, relevance, mask, lists, alpha, direction, reduction, paths):
-    n, m = sim.shape
-    acc = acc_dtype(sim.dtype)
-    n_total = _n_total(n, m, direction)
-    return (sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc),
-            sim.new_empty((2 if direction == 3 else 1, n, m), dtype=acc),
-            sim.new_empty((aux_numel(n, m, direction),), dtype=acc))
+    dsim = sim.new_empty((2 if direction == 3 else 1, *sim.shape), dtype=acc_dtype(sim.dtype))
+    return empty_outputs(sim, direction, reduction, dsim)
 
 
 # fastrank::kendall -> (loss, dsim, aux), fastrank::kendall_backward, the eager Function

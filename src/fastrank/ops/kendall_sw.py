@@ -22,17 +22,13 @@ from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
 from ._floor import rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, kernel, kernel_relevance, mat
-from .kendall import aux_numel
+from .kendall import _n_total, empty_outputs
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
 
 _INT32_MAX = 2**31 - 1
-
-
-def _n_total(n: int, m: int, direction: int) -> int:
-    return (n if direction & 1 else 0) + (m if direction & 2 else 0)
 
 
 # the fields of KendallSwForward / KendallSwBackward (kendall_sw.h), in order
@@ -45,12 +41,9 @@ def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: floa
     """sim in its kernel dtype, relevance in any float dtype (read in sim's dtype or the
     accumulation dtype; any strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
     n, m = sim.shape
-    acc = acc_dtype(sim.dtype)
     relevance = kernel_relevance(sim, relevance)
-    n_total = _n_total(n, m, direction)
-    loss = sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc)
-    idx = torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device)
-    aux = sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
+    idx = torch.empty((_n_total(n, m, direction), n_w, 2), dtype=torch.int32, device=sim.device)
+    loss, idx, aux = empty_outputs(sim, direction, reduction, idx)
     _FORWARD(sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim),
          *mat(relevance), alpha, beta, hi, n_w, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
     return loss, idx, aux
@@ -67,12 +60,8 @@ def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, directio
 
 
 def _fake_forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
-    n, m = sim.shape
-    acc = acc_dtype(sim.dtype)
-    n_total = _n_total(n, m, direction)
-    return (sim.new_empty((n_total,) if reduction == 0 else (), dtype=acc),
-            torch.empty((n_total, n_w, 2), dtype=torch.int32, device=sim.device),
-            sim.new_empty((aux_numel(n, m, direction),), dtype=acc))
+    idx = torch.empty((_n_total(*sim.shape, direction), n_w, 2), dtype=torch.int32, device=sim.device)
+    return empty_outputs(sim, direction, reduction, idx)
 
 
 # fastrank::kendall_sw -> (loss, idx, aux), fastrank::kendall_sw_backward, the eager
