@@ -1,0 +1,219 @@
+"""A contrastive loss plus smooth-NDCG straight from the embeddings (docs/spec.md §2.13): InfoNCE
+(or SigLIP) + ``weight`` x smooth-NDCG on a TopKRelevance, equal to open_clip's ClipLoss (or
+SigLipLoss) + ``weight * smooth_ndcg_loss(img @ txt.T, relevance)``, each block's similarities
+made once for both terms and the (n, m) matrix never held.
+
+Python -> two custom ops (src/fastrank/ops/_contrastive_listwise_blocks.py): per block of queries
+one matmul, InfoNCE's logsumexp (or SigLIP's terms) and smooth-NDCG's kernels on it, recomputed
+in the backward. The positives' logits and the reduction are done here, on the per-query losses;
+fastrank.distributed calls the same terms with a rank's own queries.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _validation as V
+from .._native import acc_dtype, has_native
+from .._reduce import reduce
+from ..reference import contrastive as R
+from ..topk import TopKRelevance
+from . import _contract as C
+from . import contrastive as CL
+from . import smooth_ndcg as SN
+from ._contrastive_listwise_blocks import contrastive_ranking_from_embeddings
+from ._launch import DIRECTION_CODE, relevance_lists
+from ._module import ModuleForm
+from ._row import Loss
+
+CONTRASTIVE = ("info_nce", "siglip")
+
+
+# ---------------------------------------------------------------- checks
+def _check_hyper(contrastive, weight, tau, direction, reduction, block):
+    """The hyper-parameters as the op uses them, or the error that names the bad one."""
+    return (V.check_choice(contrastive, "contrastive", CONTRASTIVE), V.check_nonnegative(weight, "weight"),
+            V.check_positive(tau, "tau"), V.check_direction(direction),
+            V.check_choice(reduction, "reduction", ("mean", "sum")), CL._check_block(block))
+
+
+def check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive: str,
+                 shape: Optional[Tuple[int, int]] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """(scale, bias, positives) after the structure and (where the check is on) the values of
+    every input; ``shape``: the relevance's (n, m) when img and txt are one rank's share."""
+    V.check_embedding_pair(img, "img", txt, "txt", same_dtype=True)
+    V.check_topk_relevance(relevance, img, shape=shape or (img.shape[0], txt.shape[0]), like="img @ txt.T")
+    if contrastive == "siglip" and logit_bias is None:
+        raise ValueError("logit_bias must be given for contrastive='siglip' (open_clip's SigLIP starts at -10)")
+    if contrastive == "info_nce" and logit_bias is not None:
+        raise ValueError("logit_bias must be None for contrastive='info_nce' (only SigLIP's logits have a bias)")
+    scalars = [("logit_scale", logit_scale)] + ([("logit_bias", logit_bias)] if logit_bias is not None else [])
+    scalars, pos = CL._check_inputs(img, txt, positives, scalars)
+    if V.check_finite_enabled(img.device):
+        V.check_topk_values(relevance, minimum=0.0, loss="smooth_ndcg")
+    bias = scalars[1] if len(scalars) > 1 else torch.zeros((), dtype=scalars[0].dtype, device=img.device)
+    return scalars[0], bias, pos
+
+
+# ---------------------------------------------------------------- the terms
+def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: Tensor, bias: Tensor,
+          positives: Tensor, t2i_pairs: Tuple[Tensor, Tensor], lists: List[Tensor], contrastive: str, tau: float,
+          direction: str, block: int) -> Tuple[Tensor, List[Tensor]]:
+    """(the contrastive per-query losses, smooth-NDCG's per-query losses of each direction) of
+    the image queries ``img_q`` against ``txt_all`` and the caption queries ``txt_q`` against
+    ``img_all``: ``positives`` (of img_q, into txt_all) for InfoNCE's i2t and SigLIP; InfoNCE's
+    t2i queries are the pairs ``t2i_pairs`` = (caption query, its positive image in img_all);
+    ``lists``: the relevance of img_q's rows and of txt_q's columns."""
+    row_term, col_lse, ndcg = contrastive_ranking_from_embeddings(
+        img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, contrastive, tau, DIRECTION_CODE[direction],
+        block)
+    acc = acc_dtype(img_q.dtype)
+    s = scale.to(acc).reshape(())
+    parts = []
+    if contrastive == "siglip":
+        parts.append(row_term)
+    else:
+        if direction != "t2i":
+            parts.append(row_term - s * (img_q.to(acc) * txt_all.to(acc)[positives]).sum(dim=1))
+        if direction != "i2t":
+            cols, imgs = t2i_pairs
+            parts.append(col_lse[cols] - s * (txt_q.to(acc)[cols] * img_all.to(acc)[imgs]).sum(dim=1))
+    nr = img_q.shape[0]
+    ranked = [ndcg[:nr], ndcg[nr:]] if direction == "both" else [ndcg]
+    return torch.cat(parts), ranked
+
+
+def _reference(img, txt, relevance, scale, bias, positives, contrastive, weight, tau, direction, reduction):
+    """The same loss on the (n, m) similarity in plain PyTorch: O(n * m) memory."""
+    acc = acc_dtype(img.dtype)
+    a, b, s = img.to(acc), txt.to(acc), scale.to(acc).reshape(())
+    if contrastive == "siglip":
+        per_query = R.siglip_per_query(a, b, s, bias.to(acc).reshape(()), positives)
+    else:
+        per_query = torch.cat(R.info_nce_per_query(a, b, s, positives, direction))
+    ranked = SN.smooth_ndcg_loss(a @ b.t(), relevance.to_dense(acc), tau, direction, reduction, impl="reference")
+    return reduce([per_query], reduction) + weight * ranked
+
+
+# ---------------------------------------------------------------- the loss
+def contrastive_smooth_ndcg_loss_from_embeddings(
+        img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, logit_bias=None,
+        positives: Optional[Tensor] = None, contrastive: str = "info_nce", weight: float = 1.0, tau: float = 0.01,
+        direction: str = "both", reduction: str = "mean", block: Optional[int] = None,
+        impl: str = "auto") -> Tensor:
+    """A contrastive loss plus ``weight`` x smooth-NDCG (docs/spec.md §2.13), from the embeddings:
+    ``info_nce_loss_from_embeddings(img, txt, logit_scale, positives, direction, reduction)``
+    (or ``siglip_loss_from_embeddings(img, txt, logit_scale, logit_bias, positives, reduction)``)
+    ``+ weight * smooth_ndcg_loss(img @ txt.T, relevance, tau, direction, reduction)``, each block
+    of similarities made once for both terms (one matmul a block a pass, forward and backward)
+    and the (n, m) matrix and its gradient never held.
+
+    With the defaults it equals ``open_clip.ClipLoss()(img, txt, logit_scale) + weight *
+    fastrank.smooth_ndcg_loss(img @ txt.T, relevance, tau)``, value and the gradients of img,
+    txt and logit_scale (and with ``contrastive="siglip"``, SigLipLoss and logit_bias's).
+
+    Args:
+        img: (n, dim) image (query) embeddings; txt: (m, dim) caption (document) embeddings,
+            same dtype and device.
+        relevance: a :class:`fastrank.TopKRelevance` of shape (n, m): each image's k graded
+            captions (>= 0), the graded target of smooth-NDCG.
+        logit_scale: the contrastive logits' multiplier, a one-element tensor (learnable) or a
+            number (open_clip passes ``logit_scale.exp()``); smooth-NDCG ranks the unscaled
+            similarities ``img @ txt.T`` (its own temperature is ``tau``).
+        logit_bias: SigLIP's bias (required with ``contrastive="siglip"``, None with InfoNCE).
+        positives: None (image i's positive is caption i: needs n == m) or an int64 (n,)
+            tensor, each image's positive caption.
+        contrastive: "info_nce" (CLIP's symmetric cross-entropy) or "siglip".
+        weight: the multiplier of smooth-NDCG (>= 0).
+        tau: smooth-NDCG's temperature (> 0).
+        direction: "both", "i2t" or "t2i": InfoNCE's and smooth-NDCG's directions (SigLIP's terms
+            are per pair).
+        reduction: "mean" (each term's own: InfoNCE's mean over its per-query losses, SigLIP's
+            over the images, smooth-NDCG's mean of each direction, the directions summed) or
+            "sum". No "none": the two terms' queries differ.
+        block: queries per block (None: as many as keep a block's similarities near 4M values).
+        impl: "auto", "native" (the blocks) or "reference" (the (n, m) matrix in plain
+            PyTorch: O(n * m) memory).
+
+    Memory: O((n + m) * dim + block * max(n, m) + n * k); work: two passes of matmuls forward
+    (images against captions for i2t, captions against images for t2i) and two a pass more in
+    the backward, the smooth-NDCG kernels' O(n * m * k) sparse path.
+    """
+    contrastive, weight, tau, direction, reduction, block = _check_hyper(contrastive, weight, tau, direction,
+                                                                         reduction, block)
+    impl = V.check_impl(impl)
+    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
+    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+        return _reference(img, txt, relevance, scale, bias, pos, contrastive, weight, tau, direction, reduction)
+    t2i_pairs = (pos, torch.arange(img.shape[0], device=img.device))
+    per_query, ranked = terms(img, txt, txt, img, scale, bias, pos, t2i_pairs, relevance_lists(relevance.detach(),
+                              direction), contrastive, tau, direction, block or 0)
+    return reduce([per_query], reduction) + weight * reduce(ranked, reduction)
+
+
+class ContrastiveSmoothNDCGLossFromEmbeddings(ModuleForm, functional=contrastive_smooth_ndcg_loss_from_embeddings,
+                                              inputs=("img", "txt", "relevance", "logit_scale", "logit_bias",
+                                                      "positives"),
+                                              check=_check_hyper):
+    """Module form of :func:`fastrank.contrastive_smooth_ndcg_loss_from_embeddings`:
+    ``loss = ContrastiveSmoothNDCGLossFromEmbeddings(weight=0.5, tau=0.05)(img, txt, relevance, logit_scale)``."""
+
+
+# ---------------------------------------------------------------- the contract (tests/test_contract.py)
+def _examples(dtype, seed=0, size=(5, 7)):
+    g = C.gen(seed)
+    n, m = size
+    img = torch.nn.functional.normalize(torch.randn(n, 6, generator=g, dtype=torch.float64), dim=1)
+    txt = torch.nn.functional.normalize(torch.randn(m, 6, generator=g, dtype=torch.float64), dim=1)
+    rel = torch.rand(size, generator=g, dtype=torch.float64) * (torch.rand(size, generator=g) < 0.4)
+    x = {"img": (img * 2).to(dtype), "txt": (txt * 2).to(dtype),
+         "relevance": TopKRelevance.from_dense(rel.to(dtype), min(3, m)),
+         "logit_scale": torch.tensor(4.0, dtype=dtype), "positives": torch.randint(0, m, (n,), generator=g)}
+    siglip = {**x, "logit_bias": torch.tensor(-1.5, dtype=dtype)}
+    return [C.Example("info_nce, both, mean, block 2", x,
+                      {"weight": 0.7, "tau": 0.3, "direction": "both", "reduction": "mean", "block": 2,
+                       "impl": "native"}, ("img", "txt", "logit_scale")),
+            C.Example("siglip, t2i, sum", siglip,
+                      {"contrastive": "siglip", "tau": 0.5, "direction": "t2i", "reduction": "sum", "impl": "native"},
+                      ("img", "txt", "logit_scale", "logit_bias"))]
+
+
+def _samples(ex):
+    h, x = ex.hyper, ex.inputs
+    direction, contrastive = h.get("direction", "both"), h.get("contrastive", "info_nce")
+    img, txt, scale = (x[k].detach().clone().requires_grad_(True) for k in ("img", "txt", "logit_scale"))
+    bias = x.get("logit_bias", torch.zeros((), dtype=scale.dtype)).detach().clone().requires_grad_(True)
+    lists = relevance_lists(x["relevance"], direction)
+    args = (img, txt, txt, img, scale, bias, x["positives"], lists, contrastive, h["tau"], DIRECTION_CODE[direction],
+            h.get("block") or 0)
+    outs = contrastive_ranking_from_embeddings(*(a.detach() if isinstance(a, Tensor) else a for a in args))
+    return [("fastrank::contrastive_ranking_from_embeddings", args),
+            ("fastrank::contrastive_ranking_from_embeddings_backward",
+             (*(C.upstream(o) for o in outs), *(a.detach() for a in args[:7]), lists, outs[0], outs[1], *args[8:]))]
+
+
+_BAD = CL._BAD + (
+    C.BadInput("relevance as a matrix", TypeError, "relevance", inputs=lambda x: {"relevance": x["relevance"].to_dense()}),
+    C.BadInput("relevance of other rows", ValueError, "relevance",
+               inputs=lambda x: {"relevance": x["relevance"].rows_of(1, x["img"].shape[0])}),
+    C.BadInput("a negative relevance", ValueError, "relevance",
+               inputs=lambda x: {"relevance": TopKRelevance(x["relevance"].indices, -x["relevance"].values - 1,
+                                                            x["relevance"].num_columns)}),
+    C.BadInput("logit_bias with InfoNCE", ValueError, "logit_bias", inputs=lambda x: {"logit_bias": 1.0}),
+    C.BadInput("contrastive is not one", ValueError, "contrastive", hyper={"contrastive": "triplet"}),
+    C.BadInput("weight < 0", ValueError, "weight", hyper={"weight": -1.0}),
+    C.BadInput("tau = 0", ValueError, "tau", hyper={"tau": 0.0}),
+    C.BadInput("reduction none", ValueError, "reduction", hyper={"reduction": "none"}),
+    C.BadInput("direction is not a direction", ValueError, "direction", hyper={"direction": "up"}),
+)
+
+# ---------------------------------------------------------------- its row of the table of losses (registry.py)
+ROWS = (
+    Loss("contrastive_smooth_ndcg_from_embeddings", contrastive_smooth_ndcg_loss_from_embeddings,
+         ContrastiveSmoothNDCGLossFromEmbeddings,
+         C.Contract(("fastrank::contrastive_ranking_from_embeddings",
+                     "fastrank::contrastive_ranking_from_embeddings_backward"), _examples, _samples, _BAD),
+         combined=False, cuda_matrix="test_contrastive_smooth_ndcg.py"),
+)

@@ -1,0 +1,220 @@
+"""InfoNCE / SigLIP + weight x smooth-NDCG straight from the embeddings (docs/spec.md §2.13): equal
+(value and every gradient, float64) to open_clip's ClipLoss / SigLipLoss plus
+fastrank.smooth_ndcg_loss on img @ txt.T, and to the separate losses on the full matrix for
+n != m, every direction, block sizes that do not divide n, B = 1, ties and an all-zero relevance;
+one matmul a block a pass for both terms; never the (n, m) matrix; the CUDA test matrix case. The
+contract (opcheck, torch.compile fullgraph, gradcheck float64, determinism, module form, bad
+input) is tests/test_contract.py's."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fastrank
+from fastrank.compat.open_clip import original_loss_module
+from _cuda_matrix import EMULATED
+from _largest_tensor import LargestTensor
+
+BLOCKS = [None, 1, 3, 64]
+
+
+def inputs(n, m, dim=5, seed=0, k=3, density=0.5, norm=2.0):
+    """img, txt (rows of norm ``norm``), a TopKRelevance of k graded captions an image (some of
+    them 0), each image's positive caption."""
+    g = torch.Generator().manual_seed(seed)
+    img = torch.nn.functional.normalize(torch.randn(n, dim, generator=g, dtype=torch.float64), dim=1) * norm
+    txt = torch.nn.functional.normalize(torch.randn(m, dim, generator=g, dtype=torch.float64), dim=1) * norm
+    rel = torch.rand(n, m, generator=g, dtype=torch.float64) * (torch.rand(n, m, generator=g) < density)
+    return img, txt, fastrank.TopKRelevance.from_dense(rel, min(k, m)), torch.randint(0, m, (n,), generator=g)
+
+
+def with_grads(fn, *inputs):
+    """(value, gradients of every input) of the scalar ``fn(*inputs)``."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    return [out.detach(), *torch.autograd.grad(out, leaves)]
+
+
+def assert_all_close(got, want, rtol=1e-12, atol=1e-12):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def combined(contrastive, rel, positives=None, **hyper):
+    """The loss under test as fn(img, txt, scale[, bias])."""
+    if contrastive == "info_nce":
+        return lambda a, b, s: fastrank.contrastive_smooth_ndcg_loss_from_embeddings(
+            a, b, rel, s, positives=positives, **hyper)
+    return lambda a, b, s, c: fastrank.contrastive_smooth_ndcg_loss_from_embeddings(
+        a, b, rel, s, c, positives, contrastive="siglip", **hyper)
+
+
+def separate(contrastive, rel, positives, weight, tau, direction="both", reduction="mean"):
+    """The sum of the two existing losses, each on the full (n, m) matrix."""
+    def ndcg(a, b):
+        return weight * fastrank.smooth_ndcg_loss(a @ b.t(), rel, tau, direction, reduction)
+    if contrastive == "info_nce":
+        return lambda a, b, s: fastrank.info_nce_loss_from_embeddings(
+            a, b, s, positives, direction, reduction, impl="reference") + ndcg(a, b)
+    return lambda a, b, s, c: fastrank.siglip_loss_from_embeddings(
+        a, b, s, c, positives, reduction, impl="reference") + ndcg(a, b)
+
+
+def scalars(contrastive, scale=3.0, bias=-1.5):
+    s = [torch.tensor(scale, dtype=torch.float64)]
+    return s + [torch.tensor(bias, dtype=torch.float64)] if contrastive == "siglip" else s
+
+
+# ---------------------------------------------------------------- open_clip + smooth_ndcg_loss
+@pytest.fixture(scope="module")
+def open_clip():
+    mod = original_loss_module()
+    if mod is None:
+        pytest.skip("open_clip_torch is not installed (pip install --no-deps open_clip_torch)")
+    return mod
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+@pytest.mark.parametrize("n,dim,scale", [(1, 4, 1 / 0.07), (7, 5, 10.0), (16, 12, 100.0)])
+@pytest.mark.parametrize("block", BLOCKS)
+def test_equals_open_clip_plus_smooth_ndcg(open_clip, contrastive, n, dim, scale, block):
+    """Value and the gradients of img, txt, logit_scale (and logit_bias), float64: open_clip's
+    loss plus weight x fastrank.smooth_ndcg_loss(img @ txt.T, relevance), as a function and as a
+    module."""
+    img, txt, rel, _ = inputs(n, n, dim, seed=n, norm=1.0)
+    weight, tau = 0.7, 0.05
+    got = with_grads(combined(contrastive, rel, weight=weight, tau=tau, block=block), img, txt,
+                     *scalars(contrastive, scale, -10.0))
+    loss = open_clip.ClipLoss() if contrastive == "info_nce" else open_clip.SigLipLoss()
+
+    def want_fn(a, b, *s):
+        return loss(a, b, *s) + weight * fastrank.smooth_ndcg_loss(a @ b.t(), rel, tau)
+    want = with_grads(want_fn, img, txt, *scalars(contrastive, scale, -10.0))
+    assert_all_close(got, want, rtol=1e-12, atol=1e-12 * scale)
+    module = fastrank.nn.ContrastiveSmoothNDCGLossFromEmbeddings(contrastive=contrastive, weight=weight, tau=tau,
+                                                                 block=block)
+    assert_all_close(with_grads(lambda a, b, *s: module(a, b, rel, *s), img, txt, *scalars(contrastive, scale, -10.0)),
+                     got, rtol=0, atol=0)
+
+
+def test_module_takes_the_bias(open_clip):
+    img, txt, rel, _ = inputs(6, 6, seed=2)
+    s, b = scalars("siglip")
+    module = fastrank.nn.ContrastiveSmoothNDCGLossFromEmbeddings(contrastive="siglip", block=4)
+    assert torch.equal(module(img, txt, rel, s, b),
+                       fastrank.contrastive_smooth_ndcg_loss_from_embeddings(img, txt, rel, s, b, contrastive="siglip",
+                                                                             block=4))
+
+
+# ---------------------------------------------------------------- the separate losses on the full matrix
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+@pytest.mark.parametrize("direction", ["both", "i2t", "t2i"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 4), (5, 3), (7, 10), (10, 7)])
+def test_equals_the_separate_losses(contrastive, direction, reduction, n, m):
+    """n != m with each image's positive given, every direction and reduction, block sizes that do
+    not divide n or m: the sum of info_nce / siglip and smooth_ndcg on the full matrix."""
+    img, txt, rel, positives = inputs(n, m, seed=10 * n + m)
+    weight, tau = 1.3, 0.2
+    want = with_grads(separate(contrastive, rel, positives, weight, tau, direction, reduction), img, txt,
+                      *scalars(contrastive))
+    for block in BLOCKS:
+        got = with_grads(combined(contrastive, rel, positives, weight=weight, tau=tau, direction=direction,
+                                  reduction=reduction, block=block), img, txt, *scalars(contrastive))
+        assert_all_close(got, want)
+    reference = with_grads(combined(contrastive, rel, positives, weight=weight, tau=tau, direction=direction,
+                                    reduction=reduction, impl="reference"), img, txt, *scalars(contrastive))
+    assert_all_close(reference, want)
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_ties_and_all_zero_relevance(contrastive):
+    """Tied similarities (repeated captions and images) and an all-zero relevance (smooth-NDCG 0
+    with no gradient: the contrastive term alone)."""
+    img, txt, rel, positives = inputs(8, 8, seed=4)
+    img[3], txt[5], txt[6] = img[1], txt[2], txt[2]
+    for r in (rel, fastrank.TopKRelevance(torch.full((8, 2), -1, dtype=torch.int64),
+                                          torch.zeros(8, 2, dtype=torch.float64), 8)):
+        want = with_grads(separate(contrastive, r, positives, 0.9, 0.1), img, txt, *scalars(contrastive))
+        got = with_grads(combined(contrastive, r, positives, weight=0.9, tau=0.1, block=3), img, txt,
+                         *scalars(contrastive))
+        assert_all_close(got, want)
+    alone = with_grads(separate(contrastive, r, positives, 0.0, 0.1), img, txt, *scalars(contrastive))
+    assert_all_close(got, alone)
+
+
+def test_weight_zero_is_the_contrastive_loss():
+    img, txt, rel, positives = inputs(6, 9, seed=5)
+    s = torch.tensor(4.0, dtype=torch.float64)
+    assert_all_close(with_grads(combined("info_nce", rel, positives, weight=0.0, block=2), img, txt, s),
+                     with_grads(lambda a, b, c: fastrank.info_nce_loss_from_embeddings(a, b, c, positives, block=2),
+                                img, txt, s))
+
+
+# ---------------------------------------------------------------- one matmul a block a pass; never the matrix
+class CountMatmuls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_one_matmul_a_block_a_pass_for_both_terms(contrastive):
+    """Forward: one matmul a block of each pass (images against captions, captions against
+    images) serves both terms; backward: that block again and its two gradient matmuls."""
+    from fastrank.ops import _contrastive_listwise_blocks as B
+    from fastrank.ops._launch import relevance_lists
+    n, m, block = 10, 7, 3
+    img, txt, rel, positives = inputs(n, m, seed=6)
+    s, b = torch.tensor(3.0, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float64)
+    lists = relevance_lists(rel, "both")
+    blocks = -(-n // block) + -(-m // block)
+    with CountMatmuls() as forward:
+        row, col, ndcg = B.forward(img, txt, txt, img, s, b, positives, lists, contrastive, 0.1, 3, block)
+    with CountMatmuls() as backward:
+        B.gradients(torch.ones_like(row), torch.ones_like(col), torch.ones_like(ndcg), img, txt, txt, img, s, b,
+                    positives, lists, row, col, contrastive, 0.1, 3, block)
+    assert (forward.count, backward.count) == (blocks, 3 * blocks)
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_never_makes_the_matrix(contrastive):
+    """The forward and backward (the bodies of the custom ops) with blocks of 8 queries: no tensor
+    of n * m elements, or of a quarter of it, is ever made (the largest is a block's (8, n))."""
+    from fastrank.ops import _contrastive_listwise_blocks as B
+    from fastrank.ops._launch import relevance_lists
+    n, m = 64, 96
+    img, txt, rel, positives = inputs(n, m, dim=6, seed=7, k=8)
+    s, b = torch.tensor(10.0, dtype=torch.float64), torch.tensor(-3.0, dtype=torch.float64)
+    lists = relevance_lists(rel, "both")
+    with LargestTensor() as seen:
+        row, col, ndcg = B.forward(img, txt, txt, img, s, b, positives, lists, contrastive, 0.1, 3, 8)
+        B.gradients(torch.ones_like(row), torch.ones_like(col), torch.ones_like(ndcg), img, txt, txt, img, s, b,
+                    positives, lists, row, col, contrastive, 0.1, 3, 8)
+    assert seen.numel < n * m // 4, seen.numel
+    assert seen.numel >= 8 * m                                   # it did see the blocks
+
+
+# ---- CUDA test matrix (marked cuda_matrix) -------------------------------------------------------
+@pytest.mark.cuda_matrix
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_cuda_contrastive_smooth_ndcg_equals_the_reference(device, contrastive):
+    """On the GPU (or emulated on the CPU: the smooth-NDCG kernels' CUDA path), the blocks give
+    the float64 reference's loss and gradients in float32."""
+    img, txt, rel, positives = inputs(11, 14, seed=9)
+    f32 = [img.float(), txt.float(), *(x.float() for x in scalars(contrastive, 10.0, -3.0))]
+
+    def call(rel, positives, impl):
+        return combined(contrastive, rel, positives, weight=0.8, tau=0.1, block=4, impl=impl)
+    got = with_grads(call(rel.to(torch.float32).to(device), positives.to(device), "native"),
+                     *(x.to(device) for x in f32))
+    want = with_grads(call(rel, positives, "reference"), *(x.double() for x in f32))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu().double(), b, rtol=1e-4, atol=1e-5)
+    assert EMULATED or device.type == "cuda"
