@@ -393,6 +393,46 @@ def test_clip_loss_listwise_term(listwise, kw):
     torch.testing.assert_close(sum(parts.values()), want.detach())
 
 
+@pytest.mark.parametrize("block", [None, 3])
+def test_clip_loss_from_embeddings_equals_the_matrix_path(block):
+    """from_embeddings=True (InfoNCE and smooth-NDCG together, block by block, on a TopKRelevance):
+    the same value, output_dict parts, gradients of the features and of logit_scale as the
+    adapter on the matrix, and listwise_loss the same term."""
+    img, txt, _ = clip_case(n=10, d=6, seed=1)
+    g = torch.Generator().manual_seed(2)
+    rel = torch.rand(10, 10, generator=g, dtype=torch.float64) * (torch.rand(10, 10, generator=g) < 0.4)
+    rel.fill_diagonal_(1.0)
+    top = fastrank.TopKRelevance.from_dense(rel, 4)
+    results = []
+    for loss, relevance in ((ClipLoss(listwise_weight=0.5, tau=0.05), top.to_dense()),
+                            (ClipLoss(listwise_weight=0.5, tau=0.05, from_embeddings=True, block=block), top)):
+        a, b = img.clone().requires_grad_(), txt.clone().requires_grad_()
+        s = torch.tensor(7.0, dtype=torch.float64, requires_grad=True)
+        value = loss(a, b, s, torch.tensor(-2.0, dtype=torch.float64), relevance=relevance)
+        value.backward()
+        parts = loss(img, txt, 7.0, output_dict=True, relevance=relevance)
+        results.append([value.detach(), a.grad, b.grad, s.grad, parts["contrastive_loss"], parts["listwise_loss"],
+                        loss.listwise_loss(img, txt, relevance)])
+    assert results[0][5].item() > 0
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_clip_loss_from_embeddings_bad_input():
+    img, txt, scale = clip_case(n=6, d=4, seed=3)
+    with pytest.raises(ValueError, match="^from_embeddings=True .* needs listwise='smooth_ndcg'"):
+        ClipLoss(listwise_weight=1.0, listwise="kendall", from_embeddings=True)
+    with pytest.raises(TypeError, match="^from_embeddings must be"):
+        ClipLoss(listwise_weight=1.0, from_embeddings=1)
+    with pytest.raises(TypeError, match="for listwise='smooth_ndcg'"):
+        ClipLoss(listwise_weight=1.0, from_embeddings=True, direction="i2t")
+    with pytest.raises(TypeError, match="^relevance must be a fastrank.TopKRelevance"):
+        ClipLoss(listwise_weight=1.0, from_embeddings=True)(img, txt, scale, relevance=torch.eye(6))
+    with pytest.raises(ValueError, match="^relevance must have the shape of img @ txt.T"):
+        ClipLoss(listwise_weight=1.0, from_embeddings=True)(
+            img, txt, scale, relevance=fastrank.TopKRelevance.from_dense(torch.eye(5, 6, dtype=img.dtype), 1))
+
+
 class StubEncoder:
     """A CaptionEncoder stand-in: a fixed embedding per caption, no model."""
 

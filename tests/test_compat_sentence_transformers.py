@@ -385,6 +385,30 @@ def test_cached_in_batch_matches_sentence_transformers_cached_mnrl(bert):
     assert_same(ours, theirs)
 
 
+@pytest.mark.parametrize("name", ["InBatchListwiseLoss", "CachedInBatchListwiseLoss"])
+def test_in_batch_listwise_from_embeddings_equals_the_matrix_path(bert, name):
+    """from_embeddings=True (InfoNCE and smooth-NDCG together, block by block, from the
+    normalised embeddings): the matrix path's value and parameter gradients, cached or not, and
+    the (B, D * B) similarity is never made (the similarity function is not called)."""
+    feats = features(bert, QUERIES, DOCS1, DOCS2)
+    kw = {"mini_batch_size": 4} if name.startswith("Cached") else {}
+    want = loss_and_grads(bert, lambda: make(name, bert, **kw)(feats, LABELS))
+    loss = make(name, bert, from_embeddings=True, **kw)
+    loss.similarity_fct = lambda *a: pytest.fail("from_embeddings=True made the similarity matrix")
+    assert_same(loss_and_grads(bert, lambda: loss(feats, LABELS)), want)
+    assert loss.get_config_dict()["from_embeddings"] is True
+
+
+def test_in_batch_listwise_from_embeddings_bad_input(bert):
+    for kw, why in (({"listwise": "kendall_sw"}, "listwise='smooth_ndcg'"), ({"in_batch": False}, "in_batch=True"),
+                    ({"similarity_fct": lambda a, b: a @ b.T}, "similarity_fct=cos_sim"),
+                    ({"direction": "both"}, "direction='i2t'")):
+        with pytest.raises(ValueError, match=f"^from_embeddings=True .* needs {why}"):
+            fst.InBatchListwiseLoss(bert, from_embeddings=True, **kw)
+    with pytest.raises(TypeError, match="^from_embeddings must be True or False"):
+        fst.InBatchListwiseLoss(bert, from_embeddings="yes")
+
+
 # ------------------------------------------------------------------ the trainer
 def _trainer_ready():
     from sentence_transformers.util import is_training_available

@@ -13,7 +13,11 @@ the same value. On top of it, ``listwise_weight > 0`` adds a graded ranking term
 fastrank (smooth-NDCG, Listwise ITR, or Kendall, BCLS) on the similarity matrix
 ``image_features @ text_features.T``, with the (N, N) relevance of the batch either
 passed in (``relevance=``) or computed from the batch's captions (``captions=``) with a
-:class:`fastrank.relevance.CaptionEncoder` (RSC, Listwise ITR Eq. 8).
+:class:`fastrank.relevance.CaptionEncoder` (RSC, Listwise ITR Eq. 8). With
+``from_embeddings=True`` the InfoNCE loss and smooth-NDCG on a :class:`fastrank.TopKRelevance`
+are computed together from the features, block by block
+(:func:`fastrank.contrastive_smooth_ndcg_loss_from_embeddings`): no (N, N) logits, similarity
+or relevance at all.
 """
 from __future__ import annotations
 
@@ -28,7 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _validation as V
+from ..ops.contrastive_smooth_ndcg import both_terms
+from ..ops.from_embeddings import smooth_ndcg_loss_from_embeddings
 from ..ops.registry import compat_losses
+from ..topk import TopKRelevance
 
 __all__ = ["ClipLoss", "LISTWISE_LOSSES"]
 
@@ -78,6 +85,11 @@ class ClipLoss(torch.nn.Module):
             all-MiniLM-L6-v2, created on first use).
         **listwise_kwargs: passed to the listwise loss (``tau=`` for smooth-NDCG,
             ``alpha=`` for Kendall, ``direction=``, ``reduction=``, ``impl=``).
+        from_embeddings: compute InfoNCE and smooth-NDCG together from the features, a block
+            of queries at a time, never the (N, N) matrix
+            (:func:`fastrank.contrastive_smooth_ndcg_loss_from_embeddings`): needs
+            ``listwise="smooth_ndcg"`` and ``relevance=`` a :class:`fastrank.TopKRelevance` in
+            the call; listwise_kwargs ``tau=``, ``block=``, ``impl=``. Same value and gradients.
 
     ``forward(image_features, text_features, logit_scale, logit_bias=None,
     output_dict=False, *, relevance=None, captions=None)``:
@@ -94,7 +106,8 @@ class ClipLoss(torch.nn.Module):
     def __init__(self, local_loss: bool = False, gather_with_grad: bool = False,
                  cache_labels: bool = False, rank: int = 0, world_size: int = 1,
                  use_horovod: bool = False, *, listwise_weight: float = 0.0,
-                 listwise: str = "smooth_ndcg", caption_encoder=None, **listwise_kwargs):
+                 listwise: str = "smooth_ndcg", caption_encoder=None, from_embeddings: bool = False,
+                 **listwise_kwargs):
         super().__init__()
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size != 1:
             raise ValueError(
@@ -113,7 +126,13 @@ class ClipLoss(torch.nn.Module):
 
         self.listwise_weight = V.check_nonnegative(listwise_weight, "listwise_weight")
         self.listwise = V.check_choice(listwise, "listwise", tuple(LISTWISE_LOSSES))
-        allowed = _listwise_params(self.listwise)
+        if not isinstance(from_embeddings, bool):
+            raise TypeError(f"from_embeddings must be True or False, got {from_embeddings!r}")
+        if from_embeddings and self.listwise != "smooth_ndcg":
+            raise ValueError(f"from_embeddings=True computes smooth-NDCG with InfoNCE from the features: it "
+                             f"needs listwise='smooth_ndcg', got {self.listwise!r}")
+        self.from_embeddings = from_embeddings
+        allowed = {"tau", "block", "impl"} if from_embeddings else _listwise_params(self.listwise)
         unknown = sorted(set(listwise_kwargs) - allowed)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {unknown} for listwise={self.listwise!r}; "
@@ -190,9 +209,16 @@ class ClipLoss(torch.nn.Module):
         elif isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
 
-    @staticmethod
-    def _check_listwise_args(image_features: Tensor, relevance, captions) -> None:
+    def _check_listwise_args(self, image_features: Tensor, relevance, captions) -> None:
         n = image_features.shape[0]
+        if self.from_embeddings:
+            if not isinstance(relevance, TopKRelevance):
+                raise TypeError(f"relevance must be a fastrank.TopKRelevance of the batch (from_embeddings=True "
+                                f"never makes an (N, N) matrix), got {type(relevance).__name__}")
+            if captions is not None:
+                raise ValueError("captions: from_embeddings=True takes relevance= (a fastrank.TopKRelevance), "
+                                 "not captions")
+            return
         if relevance is None:
             if captions is None:
                 raise ValueError("listwise_weight > 0 needs relevance= (an (N, N) tensor) or captions= "
@@ -226,7 +252,8 @@ class ClipLoss(torch.nn.Module):
             return
         V.check_finite(image_features, "image_features")
         V.check_finite(text_features, "text_features")
-        if logit_scale is not None and not math.isfinite(float(logit_scale)):
+        if logit_scale is not None and not math.isfinite(float(logit_scale.detach() if isinstance(logit_scale, Tensor)
+                                                                 else logit_scale)):
             raise ValueError(f"logit_scale must be finite, got {float(logit_scale)}")
 
     def listwise_loss(self, image_features: Tensor, text_features: Tensor,
@@ -240,6 +267,8 @@ class ClipLoss(torch.nn.Module):
 
     def _listwise(self, image_features: Tensor, text_features: Tensor, relevance: Optional[Tensor],
                   captions: Optional[Sequence[str]]) -> Tensor:
+        if self.from_embeddings:
+            return smooth_ndcg_loss_from_embeddings(image_features, text_features, relevance, **self.listwise_kwargs)
         sim = image_features @ text_features.T
         if relevance is None:
             relevance = self.batch_relevance(captions, sim.device, sim.dtype)
@@ -259,6 +288,14 @@ class ClipLoss(torch.nn.Module):
             # with the term off the adapter is open_clip's loss, which reads no value
             self._check_values(image_features, text_features, logit_scale)
 
+        if listwise_on and self.from_embeddings:
+            # the logit bias shifts every logit of a row alike: InfoNCE does not see it
+            contrastive, ranked = both_terms(image_features, text_features, relevance, logit_scale,
+                                             **self.listwise_kwargs)
+            listwise = self.listwise_weight * ranked
+            if output_dict:
+                return {"contrastive_loss": contrastive, "listwise_loss": listwise}
+            return contrastive + listwise
         logits_per_image, logits_per_text = self.get_logits(image_features, text_features, logit_scale,
                                                             logit_bias)
         labels = self.get_ground_truth(image_features.device, logits_per_image.shape[0])
@@ -274,4 +311,4 @@ class ClipLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v in self.listwise_kwargs.items())
         return (f"cache_labels={self.cache_labels}, listwise_weight={self.listwise_weight}, "
-                f"listwise={self.listwise!r}{extra}")
+                f"listwise={self.listwise!r}{', from_embeddings=True' if self.from_embeddings else ''}{extra}")

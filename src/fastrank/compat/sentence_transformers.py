@@ -82,6 +82,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _validation as V
+from ..ops.contrastive_smooth_ndcg import contrastive_smooth_ndcg_loss_from_embeddings
 from ..ops.kendall_sw import kendall_sw_loss
 from ..ops.registry import compat_losses
 from ..ops.smooth_ap import smooth_ap_loss
@@ -515,11 +516,17 @@ class InBatchListwiseLoss(_RankingLoss):
     MultipleNegativesRankingLoss (query, positive, negatives...). ``in_batch`` only shapes
     the listwise term; the InfoNCE term always uses the whole batch. ``listwise``:
     ``"smooth_ndcg"`` (``tau=``), ``"smooth_ap"`` (``tau=``, ``positive_threshold=``) or
-    ``"kendall_sw"`` (``alpha=``, ``beta=``, ``label_range=``)."""
+    ``"kendall_sw"`` (``alpha=``, ``beta=``, ``label_range=``).
+
+    ``from_embeddings=True`` computes both terms together from the embeddings, a block of
+    queries at a time (:func:`fastrank.contrastive_smooth_ndcg_loss_from_embeddings` on the
+    normalised embeddings): the (B, D * B) similarity is never made, nor its gradient. The same
+    value and gradients; it needs ``listwise="smooth_ndcg"``, the default ``in_batch``,
+    ``similarity_fct`` (cos_sim) and ``direction``, and with ``teacher=`` a ``teacher_topk``."""
 
     def __init__(self, model, listwise: str = "smooth_ndcg", listwise_weight: float = 1.0, scale: float = 20.0,
                  *, in_batch: bool = True, teacher=None, similarity_fct=cos_sim, direction: str = "i2t",
-                 **listwise_kwargs):
+                 from_embeddings: bool = False, **listwise_kwargs):
         super().__init__(model, in_batch=in_batch, teacher=teacher, similarity_fct=similarity_fct,
                          direction=direction)
         self.listwise = V.check_choice(listwise, "listwise", tuple(LISTWISE_LOSSES))
@@ -535,13 +542,31 @@ class InBatchListwiseLoss(_RankingLoss):
             raise TypeError(f"listwise_kwargs: {e}") from None
         self.binary_ok = self.term.binary_ok or self.listwise_weight == 0
         self.label_bounds = self.term.label_bounds
+        if not isinstance(from_embeddings, bool):
+            raise TypeError(f"from_embeddings must be True or False, got {from_embeddings!r}")
+        if from_embeddings:
+            why = ("listwise='smooth_ndcg'" if self.listwise != "smooth_ndcg" else
+                   "in_batch=True" if not in_batch else
+                   "similarity_fct=cos_sim" if similarity_fct is not cos_sim else
+                   "direction='i2t'" if self.direction != "i2t" else
+                   "teacher_topk (an int) with teacher=" if teacher is not None and self.term.teacher_topk is None
+                   else None)
+            if why is not None:
+                raise ValueError(f"from_embeddings=True computes InfoNCE and smooth-NDCG together on the cosine "
+                                 f"similarities of the whole batch, block by block: it needs {why}")
+        self.from_embeddings = from_embeddings
 
     def _loss(self, queries, docs, batch: _Batch):
         B = batch.B
+        best = (torch.zeros(B, dtype=torch.long, device=queries.device) if batch.labels is None
+                else batch.labels.to(queries.device).argmax(dim=1))
+        target = best * B + torch.arange(B, device=queries.device)
+        if self.from_embeddings and self.listwise_weight != 0:
+            q, d = F.normalize(queries, p=2, dim=1), F.normalize(torch.cat(docs, dim=0), p=2, dim=1)
+            return contrastive_smooth_ndcg_loss_from_embeddings(
+                q, d, self.term._relevance(batch, q.dtype, q.device), self.scale, positives=target,
+                weight=self.listwise_weight, tau=self.term.tau, direction="i2t")
         full = self.similarity_fct(queries, torch.cat(docs, dim=0))            # (B, D * B)
-        best = (torch.zeros(B, dtype=torch.long, device=full.device) if batch.labels is None
-                else batch.labels.to(full.device).argmax(dim=1))
-        target = best * B + torch.arange(B, device=full.device)
         loss = F.cross_entropy(full * self.scale, target)
         if self.listwise_weight == 0:
             return loss
@@ -551,7 +576,7 @@ class InBatchListwiseLoss(_RankingLoss):
 
     def get_config_dict(self):
         return {"listwise": self.listwise, "listwise_weight": self.listwise_weight, "scale": self.scale,
-                **self.term.get_config_dict()}
+                "from_embeddings": self.from_embeddings, **self.term.get_config_dict()}
 
 
 # ------------------------------------------------------------------ GradCache variants

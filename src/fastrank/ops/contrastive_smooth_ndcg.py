@@ -85,8 +85,8 @@ def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale:
     return torch.cat(parts), ranked
 
 
-def _reference(img, txt, relevance, scale, bias, positives, contrastive, weight, tau, direction, reduction):
-    """The same loss on the (n, m) similarity in plain PyTorch: O(n * m) memory."""
+def _reference(img, txt, relevance, scale, bias, positives, contrastive, tau, direction, reduction):
+    """The same two terms on the (n, m) similarity in plain PyTorch: O(n * m) memory."""
     acc = acc_dtype(img.dtype)
     a, b, s = img.to(acc), txt.to(acc), scale.to(acc).reshape(())
     if contrastive == "siglip":
@@ -94,7 +94,25 @@ def _reference(img, txt, relevance, scale, bias, positives, contrastive, weight,
     else:
         per_query = torch.cat(R.info_nce_per_query(a, b, s, positives, direction))
     ranked = SN.smooth_ndcg_loss(a @ b.t(), relevance.to_dense(acc), tau, direction, reduction, impl="reference")
-    return reduce([per_query], reduction) + weight * ranked
+    return reduce([per_query], reduction), ranked
+
+
+def both_terms(img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, logit_bias=None,
+               positives: Optional[Tensor] = None, contrastive: str = "info_nce", tau: float = 0.01,
+               direction: str = "both", reduction: str = "mean", block: Optional[int] = None,
+               impl: str = "auto") -> Tuple[Tensor, Tensor]:
+    """(the contrastive loss, smooth-NDCG unweighted) of
+    :func:`contrastive_smooth_ndcg_loss_from_embeddings`, for the callers that report them apart
+    (fastrank.compat.open_clip's ``output_dict``); the arguments are that function's."""
+    contrastive, _, tau, direction, reduction, block = _check_hyper(contrastive, 0.0, tau, direction, reduction, block)
+    impl = V.check_impl(impl)
+    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
+    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+        return _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction, reduction)
+    t2i_pairs = (pos, torch.arange(img.shape[0], device=img.device))
+    per_query, ranked = terms(img, txt, txt, img, scale, bias, pos, t2i_pairs, relevance_lists(relevance.detach(),
+                              direction), contrastive, tau, direction, block or 0)
+    return reduce([per_query], reduction), reduce(ranked, reduction)
 
 
 # ---------------------------------------------------------------- the loss
@@ -141,16 +159,10 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
     (images against captions for i2t, captions against images for t2i) and two a pass more in
     the backward, the smooth-NDCG kernels' O(n * m * k) sparse path.
     """
-    contrastive, weight, tau, direction, reduction, block = _check_hyper(contrastive, weight, tau, direction,
-                                                                         reduction, block)
-    impl = V.check_impl(impl)
-    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
-    if not has_native(img.device, impl, "smooth_ndcg_loss"):
-        return _reference(img, txt, relevance, scale, bias, pos, contrastive, weight, tau, direction, reduction)
-    t2i_pairs = (pos, torch.arange(img.shape[0], device=img.device))
-    per_query, ranked = terms(img, txt, txt, img, scale, bias, pos, t2i_pairs, relevance_lists(relevance.detach(),
-                              direction), contrastive, tau, direction, block or 0)
-    return reduce([per_query], reduction) + weight * reduce(ranked, reduction)
+    weight = V.check_nonnegative(weight, "weight")
+    contrastive_loss, ranked = both_terms(img, txt, relevance, logit_scale, logit_bias, positives, contrastive, tau,
+                                          direction, reduction, block, impl)
+    return contrastive_loss + weight * ranked
 
 
 class ContrastiveSmoothNDCGLossFromEmbeddings(ModuleForm, functional=contrastive_smooth_ndcg_loss_from_embeddings,
