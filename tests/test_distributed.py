@@ -17,7 +17,7 @@ import torch.distributed as dist
 import _gloo
 import fastrank
 import fastrank.nn as fnn
-from fastrank.distributed import LocalLoss, all_gather_with_grad
+from fastrank.distributed import LocalLoss, all_gather_with_grad, local_contrastive_smooth_ndcg_loss
 
 W = 2          # world size
 B = 3          # images per rank
@@ -94,6 +94,23 @@ def cases():
     }
 
 
+#: the combined contrastive + smooth-NDCG loss from the embeddings: name -> its hyper-parameters
+COMBINED = {
+    "combined_info_nce_mean": {"weight": 0.7, "tau": 0.1, "block": 2},
+    "combined_info_nce_i2t_sum": {"tau": 0.2, "direction": "i2t", "reduction": "sum"},
+    "combined_siglip_t2i_mean": {"contrastive": "siglip", "weight": 1.5, "tau": 0.1, "direction": "t2i"},
+    "combined_siglip_sum": {"contrastive": "siglip", "tau": 0.3, "reduction": "sum", "block": 1},
+}
+
+
+def combined_inputs(hyper):
+    """img, txt, the TopKRelevance, logit_scale and (SigLIP) logit_bias of the combined cases."""
+    img, txt, _, rel, _ = make_data()
+    scalars = [torch.tensor(4.0, dtype=D64)] + ([torch.tensor(-1.5, dtype=D64)]
+                                                if hyper.get("contrastive") == "siglip" else [])
+    return img, txt, fastrank.TopKRelevance.from_dense(rel * (rel > 0.5), 3), scalars
+
+
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)
     with _gloo.group(rank, port, W):
@@ -108,6 +125,13 @@ def _worker(rank, port, out_dir):
             value = loss(img_l, txt_l, relevance=relevance, positives=positives)
             value.backward()
             results[name] = (value.detach(), img_l.grad, txt_l.grad)
+        for name, hyper in COMBINED.items():
+            img, txt, top, scalars = combined_inputs(hyper)
+            leaves = [img[rank * B:(rank + 1) * B], txt[rank * B:(rank + 1) * B], *scalars]
+            leaves = [x.clone().requires_grad_() for x in leaves]
+            value = local_contrastive_smooth_ndcg_loss(leaves[0], leaves[1], top, *leaves[2:], **hyper)
+            value.backward()
+            results[name] = (value.detach(), *(x.grad for x in leaves))
         # DDP: a shared linear encoder, loss * world_size, averaged gradients
         torch.manual_seed(0)
         model = Encoder()
@@ -139,6 +163,23 @@ def test_local_loss_sums_to_full_batch_loss_and_gradients(rank_results, name):
     # each rank's local gradient is the single-process gradient of its slice
     torch.testing.assert_close(torch.cat([rank_results[r][name][1] for r in range(W)]), g_img)
     torch.testing.assert_close(torch.cat([rank_results[r][name][2] for r in range(W)]), g_txt)
+
+
+@pytest.mark.parametrize("name", list(COMBINED))
+def test_local_combined_loss_sums_to_the_single_process_loss(rank_results, name):
+    """The combined contrastive + smooth-NDCG loss from the embeddings: the ranks' values sum to
+    the single-process loss of the gathered batch, their embeddings get its gradient, and the
+    logit scale's (and bias's) shares sum to its gradient (float64)."""
+    hyper = COMBINED[name]
+    img, txt, top, scalars = combined_inputs(hyper)
+    leaves = [x.clone().requires_grad_() for x in (img, txt, *scalars)]
+    full = fastrank.contrastive_smooth_ndcg_loss_from_embeddings(leaves[0], leaves[1], top, *leaves[2:], **hyper)
+    grads = torch.autograd.grad(full, leaves)
+    ranks = [rank_results[r][name] for r in range(W)]
+    torch.testing.assert_close(sum(r[0] for r in ranks), full.detach(), rtol=1e-12, atol=1e-12)
+    for i, want in enumerate(grads):
+        got = torch.cat([r[1 + i] for r in ranks]) if i < 2 else sum(r[1 + i] for r in ranks)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_ddp_with_world_size_scaling_gives_single_process_gradient(rank_results):
@@ -197,3 +238,19 @@ def test_local_loss_bad_input():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_local_combined_loss_bad_input():
+    """Without a process group it is the single-process loss; bad input names the argument."""
+    img, txt, top, (scale,) = combined_inputs({})
+    torch.testing.assert_close(local_contrastive_smooth_ndcg_loss(img, txt, top, scale, block=4),
+                               fastrank.contrastive_smooth_ndcg_loss_from_embeddings(img, txt, top, scale),
+                               rtol=1e-14, atol=1e-14)
+    with pytest.raises(ValueError, match="^txt_local must hold as many captions"):
+        local_contrastive_smooth_ndcg_loss(img, txt[1:], top, scale)
+    with pytest.raises(ValueError, match="^reduction"):
+        local_contrastive_smooth_ndcg_loss(img, txt, top, scale, reduction="none")
+    with pytest.raises(TypeError, match="^relevance must be a fastrank.TopKRelevance"):
+        local_contrastive_smooth_ndcg_loss(img, txt, top.to_dense(), scale)
+    with pytest.raises(ValueError, match="^logit_bias must be given"):
+        local_contrastive_smooth_ndcg_loss(img, txt, top, scale, contrastive="siglip")

@@ -60,7 +60,7 @@ from torch import Tensor
 from . import _validation as V
 from .topk import TopKRelevance
 
-__all__ = ["all_gather_with_grad", "LocalLoss", "is_distributed"]
+__all__ = ["all_gather_with_grad", "LocalLoss", "is_distributed", "local_contrastive_smooth_ndcg_loss"]
 
 
 def is_distributed(group=None) -> bool:
@@ -233,3 +233,45 @@ class LocalLoss(torch.nn.Module):
     def extra_repr(self) -> str:
         name = getattr(self.loss, "__name__", type(self.loss).__name__)
         return f"loss={name}, direction={self.direction!r}, reduction={self.reduction!r}"
+
+
+def local_contrastive_smooth_ndcg_loss(img_local: Tensor, txt_local: Tensor, relevance: TopKRelevance, logit_scale,
+                                       logit_bias=None, contrastive: str = "info_nce", weight: float = 1.0,
+                                       tau: float = 0.01, direction: str = "both", reduction: str = "mean",
+                                       block: Optional[int] = None, group=None) -> Tensor:
+    """This rank's part of :func:`fastrank.contrastive_smooth_ndcg_loss_from_embeddings` over the
+    gathered global batch, with :class:`LocalLoss`'s convention (``sum_r L_r == L_full``; the
+    gradient reaching each rank's embeddings is the single-process gradient of its rows; a
+    learnable ``logit_scale`` / ``logit_bias`` gets this rank's share of its gradient).
+
+    Rank r gathers the embeddings, then scores its own image queries against every caption and
+    its own caption queries against every image, block by block, both terms from each block:
+    1/W of the work of the whole batch, and no (N, M) (or (B, M)) matrix. The positives are the
+    diagonal (image i with caption i of the global batch: every rank holds as many images as
+    captions); ``relevance`` is the global (N, M) :class:`fastrank.TopKRelevance`, each rank
+    taking its rows and its columns. The other arguments are the single-process function's.
+    """
+    from .ops import contrastive_smooth_ndcg as CS
+    contrastive, weight, tau, direction, reduction, block = CS._check_hyper(contrastive, weight, tau, direction,
+                                                                            reduction, block)
+    V.check_embedding_pair(img_local, "img_local", txt_local, "txt_local", same_dtype=True)
+    bi, bt = img_local.shape[0], txt_local.shape[0]
+    if bi != bt:
+        raise ValueError(f"txt_local must hold as many captions as img_local holds images (the diagonal "
+                         f"positives), got {bt} and {bi}")
+    rank = dist.get_rank(group) if is_distributed(group) else 0
+    img_all = all_gather_with_grad(img_local, group)
+    txt_all = all_gather_with_grad(txt_local, group)
+    scale, bias, _ = CS.check_inputs(img_all, txt_all, relevance, logit_scale, logit_bias, None, contrastive)
+    n, m, o = img_all.shape[0], txt_all.shape[0], rank * bi
+    own = torch.arange(o, o + bi, device=img_local.device)
+    lists = [*relevance.rows_of(o, o + bi).row_lists(), *relevance.columns_of(o, o + bt).column_lists()]
+    per_query, ranked = CS.terms(img_local, txt_all, txt_local, img_all, scale, bias, own,
+                                 (torch.arange(bt, device=own.device), own), lists, contrastive, tau, direction,
+                                 block or 0)
+    if reduction == "sum":
+        return per_query.sum() + weight * sum(r.sum() for r in ranked)
+    # "mean": each term's global query count, so that the ranks' values sum to the full mean
+    queries = n * (2 if contrastive == "info_nce" and direction == "both" else 1)
+    counts = {"both": (n, m), "i2t": (n,), "t2i": (m,)}[direction]
+    return per_query.sum() / queries + weight * sum(r.sum() / c for r, c in zip(ranked, counts))
