@@ -57,7 +57,8 @@ def parser(case_names=()) -> argparse.ArgumentParser:
                    help="replace a result file of the same name that git tracks (else: refused; give --tag)")
     g.add_argument("--time-limit", type=A.positive_float, default=None,
                    help="seconds per case; later cells are skipped")
-    g.add_argument("--ops", type=A.csv(), default=None, help="sweep, percall: comma-separated ops (ops.py)")
+    g.add_argument("--ops", type=A.csv(), default=None,
+                   help="sweep, percall: comma-separated ops (ops.py); loss_scale: its series")
     g.add_argument("--impls", type=A.csv(), default=None, help="comma-separated implementations / columns")
     g.add_argument("--max-n", type=A.positive_int, default=None, help="only the sizes with N <= this")
     g.add_argument("--min-n", type=A.positive_int, default=None, help="only the sizes with N >= this")

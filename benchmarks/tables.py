@@ -56,6 +56,8 @@ def short_reason(r: dict) -> str:
             return short
     if why.startswith("would not fit"):
         return "skip: mem " + why.split("~")[1].split(",")[0]
+    if why.startswith("OOM predicted"):
+        return why.split(";")[0]
     if why.startswith("too slow"):
         return "skip: time ~" + why.split("~")[1].split(" s")[0] + " s/call"
     if why == "not implemented":
