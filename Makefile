@@ -19,6 +19,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.fastrank-installed
+# the name of the wheel built from the current sources (make wheel)
+WHEEL_FILE := dist/.wheel
 SOURCES := $(shell find csrc src -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \) 2>/dev/null) \
            pyproject.toml setup.py CMakeLists.txt
 
@@ -30,10 +32,15 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): $(VENV)/bin/python $(SOURCES)
+# The package tested is the wheel users install (make wheel, below), with the test extra: one
+# native build serves make test, make demo and make test-wheel (a build from the source tree,
+# `pip install .`, is what tests/test_build.py checks, in make test-slow). The wheel is
+# reinstalled when it was rebuilt (same version, so --force-reinstall, without its dependencies).
+$(STAMP): $(VENV)/bin/python $(WHEEL_FILE)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
-	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q ".[test]"
+	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q "$$(cat $(WHEEL_FILE))[test]"
+	$(PY) -m pip install -q --no-deps --force-reinstall "$$(cat $(WHEEL_FILE))"
 	$(PY) -m pip install -q --no-deps open_clip_torch   # open_clip's loss.py for the parity tests (--no-deps: its torchvision breaks beside this torch)
 	@touch $(STAMP)
 
@@ -96,20 +103,23 @@ $(WHEEL_STAMP): $(VENV)/bin/python pyproject.toml
 	$(PY) -m pip install -q -r $(VENV)/wheel-requirements.txt
 	@touch $(WHEEL_STAMP)
 
-wheel: $(WHEEL_STAMP)
+wheel: $(WHEEL_FILE)
+
+$(WHEEL_FILE): $(WHEEL_STAMP) $(SOURCES)
 	rm -rf dist/raw && mkdir -p dist
-	rm -f dist/fastrank-*.whl
+	rm -f dist/fastrank-*.whl $(WHEEL_FILE)
 	FASTRANK_GLIBC=$(WHEEL_GLIBC) FASTRANK_ZIG="$$($(PY) -c 'import ziglang, pathlib; print(pathlib.Path(ziglang.__file__).with_name("zig"))')" \
 	  $(PY) -m pip wheel . --no-deps -w dist/raw
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(WHEEL_PLAT) --exclude libgomp.so.1 \
 	  -w dist dist/raw/fastrank-*.whl
 	rm -rf dist/raw
-	@ls dist/fastrank-*.whl
+	ls dist/fastrank-*.whl > $(WHEEL_FILE)
+	@cat $(WHEEL_FILE)
 
 # The wheel installed as a user installs it, tested: .ci/test-wheel (a fresh venv, no compiler
 # on PATH, the source tree not importable: the tests marked wheel, every CPU level among them).
-test-wheel: wheel
-	.ci/test-wheel dist/fastrank-*.whl
+test-wheel: $(WHEEL_FILE)
+	.ci/test-wheel "$$(cat $(WHEEL_FILE))"
 
 clean:
 	rm -rf build dist $(VENV) src/fastrank/_C_*.so demo_results site

@@ -283,11 +283,13 @@ MUTATIONS = {
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < cn; ++t) {", "for (int t = 0; t <= cn; ++t) {",
                          "test_kendall.py", "values_and_gradients"),
-    # a wrong shuffle offset: warp sums (fast_rerank's row sums, the positives' ranks) stop at
-    # half warps
-    "wrong shuffle offset": ("include/fastrank/common.h",
-                             "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
-                             "  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
+    # a wrong shuffle offset: fast_rerank's row sums of exp stop at half warps (in fast_rerank.cu
+    # itself, so that only that kernel is rebuilt: the same bug in common.h's warp_sum rebuilds
+    # every kernel, the longest of the four by far)
+    "wrong shuffle offset": ("cuda/fast_rerank.cu",
+                             "s += exp_nonpos(l1 * tile[r][q] - mm);\n          s = warp_sum(s);",
+                             "s += exp_nonpos(l1 * tile[r][q] - mm);\n"
+                             "          for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);",
                              "test_fast_rerank.py", "values_and_gradients"),
     # a wrong stride: the t2i lists read sim through the i2t strides
     "wrong stride": ("cuda/graded_list.cuh",
