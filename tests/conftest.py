@@ -43,3 +43,14 @@ def no_finite_check():
     V.set_check_finite(False)
     yield
     V.set_check_finite(None)
+
+
+@pytest.fixture(scope="session")
+def open_clip():
+    """open_clip's own loss.py (its ClipLoss, SigLipLoss), for the parity tests; skipped when
+    open_clip_torch is not installed."""
+    from fastrank.compat.open_clip import original_loss_module
+    mod = original_loss_module()
+    if mod is None:
+        pytest.skip("open_clip_torch is not installed (pip install --no-deps open_clip_torch)")
+    return mod

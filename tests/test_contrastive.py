@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import fastrank
-from fastrank.compat.open_clip import original_loss_module
 from _cuda_matrix import EMULATED
 from _largest_tensor import LargestTensor
 
@@ -119,14 +118,6 @@ def test_positives_none_is_the_diagonal():
 
 
 # ---------------------------------------------------------------- open_clip
-@pytest.fixture(scope="module")
-def open_clip():
-    mod = original_loss_module()
-    if mod is None:
-        pytest.skip("open_clip_torch is not installed (pip install --no-deps open_clip_torch)")
-    return mod
-
-
 CLIP_CASES = [  # (n, dim, norm of the embeddings, logit scale, logit bias)
     (1, 4, 1.0, 1 / 0.07, -10.0),       # B = 1; CLIP's initial temperature, SigLIP's initial bias
     (16, 12, 1.0, 100.0, -10.0),        # CLIP's largest scale: logits in [-100, 100]

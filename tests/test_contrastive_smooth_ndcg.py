@@ -10,7 +10,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastrank
-from fastrank.compat.open_clip import original_loss_module
 from _cuda_matrix import EMULATED
 from _largest_tensor import LargestTensor
 
@@ -67,14 +66,6 @@ def scalars(contrastive, scale=3.0, bias=-1.5):
 
 
 # ---------------------------------------------------------------- open_clip + smooth_ndcg_loss
-@pytest.fixture(scope="module")
-def open_clip():
-    mod = original_loss_module()
-    if mod is None:
-        pytest.skip("open_clip_torch is not installed (pip install --no-deps open_clip_torch)")
-    return mod
-
-
 @pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
 @pytest.mark.parametrize("n,dim,scale", [(1, 4, 1 / 0.07), (7, 5, 10.0), (16, 12, 100.0)])
 @pytest.mark.parametrize("block", BLOCKS)

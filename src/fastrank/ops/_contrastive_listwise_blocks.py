@@ -34,7 +34,8 @@ from torch import Tensor
 
 from .._native import acc_dtype, variant_codes
 from ..topk import Lists
-from ._blockwise import HEADS, block_rows
+from ._blockwise import HEADS
+from ._contrastive_blocks import _blocks
 
 _NDCG_FORWARD, _NDCG_BACKWARD = HEADS["smooth_ndcg"]
 
@@ -48,16 +49,6 @@ def _passes(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, cont
     if direction & 2:
         out.append((False, txt_q, img_all, (2, 3)))
     return out
-
-
-def _blocks(Q: Tensor, K: Tensor, block: int):
-    """(start, stop, Q_b, G = Q_b @ K.T) of each block of queries, in the accumulation dtype."""
-    acc = acc_dtype(Q.dtype)
-    A, B = Q.to(acc), K.to(acc)
-    rows = block_rows(block, A.shape[0], B.shape[0])
-    for start in range(0, A.shape[0], rows):
-        stop = min(start + rows, A.shape[0])
-        yield start, stop, A[start:stop], A[start:stop] @ B.t()
 
 
 def _signed(X: Tensor, positives: Tensor, start: int, stop: int) -> Tensor:
