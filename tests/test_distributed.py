@@ -8,6 +8,7 @@ gives the single-process parameter gradient.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -254,3 +255,41 @@ def test_local_combined_loss_bad_input():
         local_contrastive_smooth_ndcg_loss(img, txt, top.to_dense(), scale)
     with pytest.raises(ValueError, match="^logit_bias must be given"):
         local_contrastive_smooth_ndcg_loss(img, txt, top, scale, contrastive="siglip")
+
+
+HUNG_RANK_TEST = """
+import os, sys, time
+import pytest
+import _gloo
+
+
+def _hang(rank, port, pids):
+    with open(pids, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    with _gloo.group(rank, port, 2):
+        if rank == 1:
+            time.sleep(3600)
+
+
+@pytest.mark.timeout(20)
+def test_hung():
+    _gloo.spawn(_hang, (_gloo.free_port(), sys.argv[-1] + ".pids"), 2)
+"""
+
+
+def test_a_hung_rank_is_ended_by_the_test_timeout_with_its_stack(tmp_path):
+    """A rank that never finishes fails its test at the run's timeout (pytest-timeout), prints
+    every thread's stack, and does not outlive the test: no test measures time itself."""
+    test = tmp_path / "test_hung_rank.py"
+    test.write_text(HUNG_RANK_TEST)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(test)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Timeout" in out and "1 failed" in out, out[-3000:]
+    assert "in _hang" in out, out[-3000:]   # the hung rank's stack, printed on the way out
+    pids = [int(p) for p in (tmp_path / "test_hung_rank.py.pids").read_text().split()]
+    assert len(pids) == 2
+    for pid in pids:   # neither rank outlived its test
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
