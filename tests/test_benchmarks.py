@@ -462,6 +462,7 @@ def test_percall_at_the_sweep_sizes_takes_the_sweep_cases_sizes_for_the_device(b
     assert got == [512, 1024]
 
 
+@pytest.mark.slow  # a benchmark run: the per-call case, timed in child processes of two checkouts
 def test_percall_times_another_checkout_beside_this_one(bench, tmp_path):
     """--before DIR: the same step on the same inputs in child processes, with fastrank imported
     from DIR (here a copy of the fastrank in use, so both run the same code) and from this
@@ -508,6 +509,7 @@ def test_a_case_whose_optional_dependency_is_missing_is_skipped_or_refused(bench
     assert case.lacks() is None
 
 
+@pytest.mark.slow  # a native build: the driver compiled against every CPU kernel's header
 def test_the_kernel_driver_builds_against_this_checkout(bench, tmp_path):
     """benchmarks/cpu_driver.cpp calls the CPU kernels through their parameter structs: a
     struct renamed or moved must break this test, not turn the cpu_kernels case into skips."""
