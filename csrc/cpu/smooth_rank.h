@@ -20,7 +20,7 @@
 //    against a large candidate set (a batch plus a memory bank).
 // Memory plan: per thread, O(C) scratch rows (the query's valid items gathered contiguous
 // through any strides, the t2i queries being columns), padded to whole vectors of kLanes;
-// per call, G (n, m) per direction in the workspace (smooth_rank.h's layout).
+// per call, G (n, m) per direction in the workspace (params.h, SmoothRankLayout).
 // Parallelism: OpenMP over the queries of a direction, one query per thread at a time,
 // every sum in a fixed order: bit-identical results run to run; one thread below
 // kParallelWork pairs.
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "fastrank/smooth_ap.h"
-#include "fastrank/smooth_rank.h"
+#include "fastrank/params.h"
 
 namespace fastrank {
 namespace cpu {

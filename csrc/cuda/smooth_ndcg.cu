@@ -60,7 +60,7 @@
 // Memory: per block of the grid a scratch of 4 (Cs + 32) accumulation-type values (dense: y, r,
 // acc, a; sparse: y, r then the sort buffer then G, the rows' items, their gains then weights;
 // L1/L2-resident), partials = Q list flags + that; ws = G per direction (n * m each),
-// idcg, qloss, counts (smooth_rank.h). Shared memory: 8 warps x 64 (score, a) pairs.
+// idcg, qloss, counts (params.h). Shared memory: 8 warps x 64 (score, a) pairs.
 // The only atomics: an integer max per listed entry, which picks the later of two entries for
 // one item (bad input: the contract lists an item once).
 // NaN (docs/spec.md §1): poison(s + r) of every item is added to the DCG and to a_j (dense) or
@@ -89,7 +89,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kFinalThreads = 256;
 constexpr int kRows = kSmoothNdcgRows;  // sparse pass: the rows a block ranks at once (smooth_ndcg.h)
 
-using Layout = SmoothRankLayout;  // offsets into ws (smooth_rank.h)
+using Layout = SmoothRankLayout;  // offsets into ws (params.h)
 
 // The clamp of the exponent (log2 units): 2^126 is finite in float, 2^1000 in double.
 template <typename A> __device__ __forceinline__ A exp2_cap();

@@ -1,6 +1,6 @@
 // The smooth-rank engine on CUDA for the heads whose rows are a list's positives (Smooth-AP,
 // Recall@k; smooth-NDCG, whose rows are every item, keeps its thread-per-element tiles in
-// smooth_ndcg.cu). Contract and workspace: csrc/include/fastrank/smooth_rank.h.
+// smooth_ndcg.cu). Contract and workspace: csrc/include/fastrank/smooth_ap.h, params.h.
 //
 // Launches: forward = 1 kernel (+ 1 tiled transpose of the t2i lists when t2i is asked
 // for, + 1 one-block reduction for mean/sum), backward = 1 tiled elementwise kernel, for
@@ -30,7 +30,7 @@
 //     then subtracts T_k for a positive k and scales by 1 / tau. Each entry of G is owned by
 //     one thread of one block: no atomics; bit-identical run to run.
 // Memory: G (n, m) per direction (saved for the backward); during the forward, four (n, m)
-// partials per direction and, with t2i, the transposed lists (smooth_rank.h); ~7 KiB of
+// partials per direction and, with t2i, the transposed lists (smooth_ap.h); ~7 KiB of
 // shared memory. Pair work O(|P| * C) per query.
 // NaN propagation (docs/spec.md §1): poison(s) of every valid item is added to the query's loss
 // and to the item's own gradient entry; masked values are never read.
@@ -41,7 +41,7 @@
 #include "fastrank/common.h"
 #include "fastrank/launch.h"
 #include "fastrank/smooth_ap.h"
-#include "fastrank/smooth_rank.h"
+#include "fastrank/params.h"
 
 namespace fastrank {
 namespace cuda {
@@ -507,7 +507,7 @@ int subset_forward(const Head& head, const P& p) {
   const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
   A* w = static_cast<A*>(p.ws);
   A* part = static_cast<A*>(p.partials);
-  if (n_t2i > 0) {  // the column lists, transposed into the scratch (smooth_rank.h)
+  if (n_t2i > 0) {  // the column lists, transposed into the scratch (smooth_ap.h)
     using B = typename UIntOf<sizeof(T)>::type;
     const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);
     uint8_t* posT = reinterpret_cast<uint8_t*>(part + t_off + n * m);
