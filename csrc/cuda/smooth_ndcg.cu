@@ -397,24 +397,13 @@ forward_lists(const SmoothNdcgForward p, int t2i, int64_t cs, acc_t<T> c2, acc_t
   }
 }
 
-// The reduction (one block): per direction the count of the lists with a valid item and, for
-// mean / sum, the loss. Fixed summation order.
+// The reduction (one block, the engine's reduce_queries): a list counts when it has a valid item.
 template <typename A>
 __global__ void __launch_bounds__(kFinalThreads)
 finalize_lists(Lists lists, const A* __restrict__ flags, A* __restrict__ ws, A* __restrict__ out) {
   __shared__ A scratch[kFinalThreads];
-  const Layout L = smooth_rank_layout(lists.n, lists.m, lists.direction);
-  A total = 0;
-  const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
-  for (int d = 0; d < 2; ++d) {
-    A sum = 0, cnt = 0;
-    for (int64_t q = off[d] + threadIdx.x; q < off[d] + len[d]; q += blockDim.x) {
-      sum += ws[L.qloss + q];
-      cnt += flags[q];
-    }
-    add_direction(sum, cnt, lists.reduction, scratch, ws + L.counts + d, total);
-  }
-  if (threadIdx.x == 0 && lists.reduction != kNone) out[0] = total;
+  rank::reduce_queries(smooth_rank_layout(lists.n, lists.m, lists.direction), lists.reduction, flags, scratch, ws,
+                       out);
 }
 
 template <typename T, typename R>
