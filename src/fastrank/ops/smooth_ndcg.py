@@ -145,7 +145,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: 
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
     if topk:
-        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance.detach(), direction, cuda_kernels(sim)), tau,
+        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance, direction, cuda_kernels(sim)), tau,
                            DIRECTION_CODE[direction], REDUCTION_CODE[reduction], *variant_codes())
     return SMOOTH_NDCG(sim, relevance, mask, [], tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
                        *variant_codes())
