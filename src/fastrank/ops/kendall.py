@@ -133,8 +133,14 @@ def kendall_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], alpha: fl
     NaN or inf in sim or relevance: ValueError on CPU by default (docs/spec.md §1); with the
     check off (CUDA default) the loss and gradient come back non-finite.
     """
+    return _kendall_loss(_check_hyper, sim, relevance, alpha, direction, reduction, impl, mask)
+
+
+def _kendall_loss(check_hyper, sim, relevance, alpha, direction, reduction, impl, mask):
+    """kendall_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     topk, (alpha, direction, reduction), impl = V.check_graded_inputs(
-        sim, relevance, mask, impl, _check_hyper, (alpha, direction, reduction))
+        sim, relevance, mask, impl, check_hyper, (alpha, direction, reduction))
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
         acc = acc_dtype(sim.dtype)
@@ -147,7 +153,8 @@ def kendall_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], alpha: fl
                    variant_codes()[1])
 
 
-class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"), check=_check_hyper):
+class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"),
+                  check=_check_hyper, checked=_kendall_loss):
     """Module form of :func:`fastrank.kendall_loss`: ``loss = KendallLoss()(sim, relevance)``
     (or ``(sim, relevance, mask)`` for lists of different lengths)."""
 

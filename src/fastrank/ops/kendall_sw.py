@@ -132,9 +132,15 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     where the value check is on (CPU by default): NaN/inf, or a relevance outside
     label_range, raise ValueError.
     """
+    return _kendall_sw_loss(_check_hyper, sim, relevance, alpha, beta, label_range, direction, reduction, impl)
+
+
+def _kendall_sw_loss(check_hyper, sim, relevance, alpha, beta, label_range, direction, reduction, impl):
+    """kendall_sw_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
-    alpha, beta, label_range, direction, reduction = _check_hyper(alpha, beta, label_range, direction, reduction)
+    alpha, beta, label_range, direction, reduction = check_hyper(alpha, beta, label_range, direction, reduction)
     n_w = _check_windows(alpha, beta, label_range)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, label_range=label_range, loss="kendall_sw_loss")
@@ -153,7 +159,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
                       REDUCTION_CODE[reduction])
 
 
-class KendallSWLoss(ModuleForm, functional=kendall_sw_loss, inputs=("sim", "relevance"), check=_check_hyper):
+class KendallSWLoss(ModuleForm, functional=kendall_sw_loss, inputs=("sim", "relevance"),
+                    check=_check_hyper, checked=_kendall_sw_loss):
     """Module form of :func:`fastrank.kendall_sw_loss`: ``loss = KendallSWLoss()(sim, relevance)``."""
 
 

@@ -139,8 +139,14 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: 
     with ``FASTRANK_CHECK_FINITE=1``): NaN/inf in sim or relevance, or a negative
     relevance (every entry, masked ones included), raise ValueError.
     """
+    return _smooth_ndcg_loss(_check_hyper, sim, relevance, tau, direction, reduction, impl, mask)
+
+
+def _smooth_ndcg_loss(check_hyper, sim, relevance, tau, direction, reduction, impl, mask):
+    """smooth_ndcg_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     topk, (tau, direction, reduction), impl = V.check_graded_inputs(
-        sim, relevance, mask, impl, _check_hyper, (tau, direction, reduction), relevance_min=0.0,
+        sim, relevance, mask, impl, check_hyper, (tau, direction, reduction), relevance_min=0.0,
         loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
@@ -152,7 +158,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: 
 
 
 class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance", "mask"),
-                     check=_check_hyper):
+                     check=_check_hyper, checked=_smooth_ndcg_loss):
     """Module form of :func:`fastrank.smooth_ndcg_loss`:
     ``loss = SmoothNDCGLoss()(sim, relevance)`` or ``(sim, relevance, mask=mask)``."""
 
