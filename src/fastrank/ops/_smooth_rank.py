@@ -35,7 +35,8 @@ def forward(kernel, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head
     s = sim
     acc = acc_dtype(s.dtype)
     n, m = s.shape
-    out, ws = fake_forward(s, direction, reduction)  # allocated as the fake allocates them
+    out = s.new_empty((query_count(n, m, direction),) if reduction == 0 else (), dtype=acc)
+    ws = s.new_empty((smooth_rank_ws_numel(n, m, direction),), dtype=acc)
     part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc) \
         if cuda_kernels(s) else None
     kernel(s, n, m, direction, reduction, version, *mat(s), *mat(positives), *mask_args(mask), tau, int(with_grad),
