@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   for (auto& x : rel) x = uniform(gen);
   const int both = fastrank::kBoth, mean = fastrank::kMean;
   if (op == "smooth_ndcg") {
-    std::vector<float> out(2 * n + 4), ws(fastrank::smooth_ndcg_ws_numel(n, n, both));
+    std::vector<float> out(2 * n + 4), ws(fastrank::smooth_rank_ws_numel(n, n, both));
     fastrank::SmoothNdcgForward p{};  // no top-k lists, version and pair pass by default, no partials
     p.lists = {DType::f32, n, n, both, mean};
     p.rel_dt = DType::f32;

@@ -19,6 +19,17 @@ from typing import Optional
 from .results import MODES
 
 
+def save_figure(fig, path) -> Path:
+    """Lays ``fig`` out, writes it to ``path`` (80 dpi, the size of every result's figure) and
+    closes it; returns the path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def _rows(payload: dict):
     recs = payload["results"]
     baselines = (payload.get("report") or {}).get("baselines") or {}
@@ -84,11 +95,7 @@ def plot(payload: dict, path: Path) -> Optional[Path]:
             ax.grid(True, which="both", alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_times(payload: dict, path: Path) -> Optional[Path]:
@@ -130,8 +137,4 @@ def plot_times(payload: dict, path: Path) -> Optional[Path]:
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=7)
     fig.suptitle(f"{payload['case']} ({payload['device']}, {payload['created'][:10]})", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

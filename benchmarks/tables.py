@@ -201,25 +201,29 @@ def provenance(payload: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def header_lines(payload: dict, provenance: str, load_note: str) -> List[str]:
+    """The first lines of a result's ``.md`` (a timing's or a training-quality result's): its
+    title, how it was run (``provenance``: :func:`provenance`'s line), a partial run's warning,
+    the load average with ``load_note`` after it, the report's method lines, a blank line."""
+    lines = [f"# {payload['case']}: {payload['device']}, {payload['created'][:10]}", "", f"- {provenance}"]
+    if not payload.get("complete", True):
+        lines.append("- PARTIAL: written while the run was going on (it was cut or is still running)")
+    la0, la1 = payload["machine"].get("loadavg_start"), payload.get("loadavg_end")
+    if la0:
+        lines.append(f"- load average (1, 5, 15 min) at start {la0[0]:.2f}, {la0[1]:.2f}, {la0[2]:.2f}"
+                     + (f"; at end {la1[0]:.2f}, {la1[1]:.2f}, {la1[2]:.2f}" if la1 else "") + load_note)
+    lines += [f"- {line}" for line in (payload.get("report") or {}).get("method") or []]
+    return lines + [""]
+
+
 def markdown(payload: dict) -> str:
     """The ``.md`` of a result: how it was measured, then a table per op and mode."""
     from quality import report as quality_report
     if quality_report.is_quality(payload):   # a training-quality result: a row per loss, its metrics
         return quality_report.markdown(payload, provenance(payload))
-    recs, m = payload["results"], payload["machine"]
+    recs = payload["results"]
     rep = payload.get("report") or {}
-    lines = [f"# {payload['case']}: {payload['device']}, {payload['created'][:10]}", "",
-             f"- {provenance(payload)}"]
-    if not payload.get("complete", True):
-        lines.append("- PARTIAL: written while the run was going on (it was cut or is still running)")
-    la0, la1 = m.get("loadavg_start"), payload.get("loadavg_end")
-    if la0:
-        lines.append(f"- load average (1, 5, 15 min) at start {la0[0]:.2f}, {la0[1]:.2f}, {la0[2]:.2f}"
-                     + (f"; at end {la1[0]:.2f}, {la1[1]:.2f}, {la1[2]:.2f}" if la1 else "")
-                     + " (compare implementations within a run)")
-    for line in rep.get("method") or []:
-        lines.append(f"- {line}")
-    lines.append("")
+    lines = header_lines(payload, provenance(payload), " (compare implementations within a run)")
     ceil = payload.get("ceilings") or {}
     if ceil:
         lines += ["### ceilings (ceilings.py)", "", ceilings_table(ceil), ""]

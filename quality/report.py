@@ -20,6 +20,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import List, Optional
 
+from benchmarks.plots import save_figure
+from benchmarks.tables import header_lines
+
 METRIC = {"ndcg": ("ndcg@10", "NDCG@10"), "tau": ("kendall_tau_b", "Kendall τ-b"),
           "spearman": ("spearman", "Spearman ρ")}
 DEFAULT_COLUMNS = ["ndcg", "tau", "spearman", "ndcg:diff", "tau:diff", "spearman:diff", "time"]
@@ -162,18 +165,7 @@ def select(payload: dict, ops: Optional[List[str]] = None) -> List[dict]:
 def markdown(payload: dict, provenance: str) -> str:
     """The ``.md`` of a quality result: how it was run (``provenance``: tables.provenance's
     line), then a table per data set and model kind."""
-    m = payload["machine"]
-    lines = [f"# {payload['case']}: {payload['device']}, {payload['created'][:10]}", "", f"- {provenance}"]
-    if not payload.get("complete", True):
-        lines.append("- PARTIAL: written while the run was going on (it was cut or is still running)")
-    la0, la1 = m.get("loadavg_start"), payload.get("loadavg_end")
-    if la0:
-        lines.append(f"- load average (1, 5, 15 min) at start {la0[0]:.2f}, {la0[1]:.2f}, {la0[2]:.2f}"
-                     + (f"; at end {la1[0]:.2f}, {la1[1]:.2f}, {la1[2]:.2f}" if la1 else "")
-                     + f"; wall time {payload.get('elapsed_s', 0) / 60:.1f} min")
-    for line in (payload.get("report") or {}).get("method") or []:
-        lines.append(f"- {line}")
-    lines.append("")
+    lines = header_lines(payload, provenance, f"; wall time {payload.get('elapsed_s', 0) / 60:.1f} min")
     by_k = (payload.get("report") or {}).get("x_axis") == "K"
     for op in OrderedDict.fromkeys(r["op"] for r in payload["results"]):
         columns = K_COLUMNS if by_k and "cross-encoder" not in op else None
@@ -262,11 +254,7 @@ def plot_by_k(payload: dict, path: Path) -> Optional[Path]:
     fig.suptitle(f"When does listwise pay off? Lee bi-encoder, paired Δ against the reference loss, mean ± std over "
                  f"{n} split(s) ({payload['config'].get('setting', '')} setting); solid: fastrank losses",
                  fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_bars(payload: dict, path: Path) -> Optional[Path]:
@@ -310,8 +298,4 @@ def plot_bars(payload: dict, path: Path) -> Optional[Path]:
     fig.suptitle(f"quality, {payload['config'].get('setting', '')} setting: mean ± std over the splits; blue: "
                  f"fastrank, orange: sentence-transformers, grey: zero-shot; dashed: the reference loss "
                  f"(CoSENT, LambdaLoss)", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -168,6 +168,44 @@ def test_bad_input_names_the_argument(op, bad):
         assert named.match(str(err.value)), f"module form: the message does not start with {bad.argument!r}"
 
 
+# a bad hyper-parameter of an op with a module form
+BAD_HYPER = [pytest.param(op, bad, id=f"{name}-{bad.about}") for name, op in NATIVE_OPS.items()
+             for bad in op.bad_inputs if bad.hyper and op.module is not None]
+# the module forms whose call runs the functional's body without checking the hyper-parameters
+# again (ModuleForm's `checked`); the others call their functional, which checks them
+CHECKED_ONCE = ["smooth_ndcg", "smooth_ap", "recall_at_k", "kendall", "kendall_sw"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("op,bad", BAD_HYPER)
+def test_a_module_form_checks_a_hyper_parameter_it_is_given_later(op, bad):
+    """Assigning a bad hyper-parameter to a module raises as the constructor does."""
+    ex = _example(op, 0)
+    module = op.module(**ex.hyper)
+    name, value = next(iter(bad.hyper.items()))
+    with pytest.raises(bad.error) as err:
+        setattr(module, name, value)
+    assert re.match(rf"{re.escape(bad.argument)}\b", str(err.value)), err.value
+    assert getattr(module, name) == getattr(op.module(**ex.hyper), name)  # unchanged
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", CHECKED_ONCE)
+def test_a_module_form_checks_its_hyper_parameters_once_not_per_call(name, monkeypatch):
+    """The module checks them when they are set; its call does not check them again, while
+    the functional checks them at every call."""
+    op = NATIVE_OPS[name]
+    ex = _example(op, 0)
+    module = op.module(**ex.hyper)
+
+    def refuse(*hyper):
+        raise AssertionError("the hyper-parameters were checked at the call")
+    monkeypatch.setattr(sys.modules[op.functional.__module__], "_check_hyper", refuse)
+    module(**ex.inputs)
+    with pytest.raises(AssertionError, match="checked at the call"):
+        op.functional(**ex.inputs, **ex.hyper)
+
+
 # ---------------------------------------------------------------- completeness
 CUSTOM_OP = re.compile(r"""(?:custom_op|define)\(\s*["'](fastrank::\w+)""")
 

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import fastrank
+from fastrank.ops._launch import relevance_lists
+from fastrank.topk import Lists
 
 
 def sparse_matrix(n, m, k, seed):
@@ -37,13 +39,17 @@ def test_from_dense_to_dense_and_lists(n, m, k):
     top = fastrank.TopKRelevance.from_dense(rel, k)
     assert top.shape == (n, m) and top.k == min(k, m)
     torch.testing.assert_close(top.to_dense(), rel, rtol=0, atol=0)
-    assert lists_as_dict(top.row_lists(), n) == matrix_as_dict(rel)
-    assert lists_as_dict(top.column_lists(), m) == matrix_as_dict(rel.t())
+    lists = relevance_lists(top, "both")
+    assert lists_as_dict(Lists(*lists[:3]), n) == matrix_as_dict(rel)
+    assert lists_as_dict(Lists(*lists[3:]), m) == matrix_as_dict(rel.t())
+    assert lists[1].data_ptr() == top.indices.data_ptr()  # the rows' lists are views of the (N, k) tensors
+    cpu_form = relevance_lists(top, "both", columns=False)  # the CPU kernels make the columns' themselves
+    assert all(a is b for a, b in zip(cpu_form[3:], cpu_form[:3]))
     cols = top.column_lists()
     assert cols.offsets[0] == 0 and bool((cols.offsets[1:] >= cols.offsets[:-1]).all())
     part = top.rows_of(1, min(n, 3))
     torch.testing.assert_close(part.to_dense(), rel[1:3], rtol=0, atol=0)
-    rows = top.row_lists().rows(1, min(n, 3))   # a block of rows: absolute positions, no copy
+    rows = Lists(*lists[:3]).rows(1, min(n, 3))   # a block of rows: absolute positions, no copy
     assert lists_as_dict(rows, min(n, 3) - 1) == {(i - 1, j): v for (i, j), v in matrix_as_dict(rel).items()
                                                  if 1 <= i < 3}
 

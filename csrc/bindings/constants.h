@@ -12,7 +12,6 @@
 #include "fastrank/kendall.h"
 #include "fastrank/params.h"
 #include "fastrank/recall_at_k.h"
-#include "fastrank/smooth_rank.h"
 
 namespace fastrank {
 namespace bindings {

@@ -1,12 +1,12 @@
 // The Recall@k surrogate on the CPU (docs/spec.md §2.9): the smooth-rank engine's subset pass
-// (smooth_rank.h) with the positives as rows, each ranked among the whole list, and this
+// (subset_heads.h) with the positives as rows, each ranked among the whole list, and this
 // head: per k, the smooth count h_k = sum_j sigma((k - r_j) / tk) of the positives in the top
 // k, R@k = min(k, h_k) / min(k, |P|), and each rank's coefficient
 //   u_j = d loss / d r_j = (1 / n_k) sum_{k : h_k <= k} sigma'((k - r_j) / tk) / (tk min(k, |P|)).
 // The backward is Smooth-AP's (smooth_ap.cpp: smooth_rank_backward).
 #include "fastrank/recall_at_k.h"
 
-#include "smooth_rank.h"
+#include "subset_heads.h"
 
 namespace fastrank {
 namespace cpu {

@@ -1,4 +1,4 @@
-// Smooth-AP on the CPU (docs/spec.md §2.8): the smooth-rank engine's subset pass (smooth_rank.h)
+// Smooth-AP on the CPU (docs/spec.md §2.8): the smooth-rank engine's subset pass (subset_heads.h)
 // with the positives as rows, each ranked among the whole list (R_all) and among the
 // positives (R_pos), and this head: AP from the two ranks, and their coefficients
 //   u_j = d loss / d R_all(j) = R_pos(j) / (|P| R_all(j)^2)
@@ -6,7 +6,7 @@
 // The backward (shared with Recall@k) is the engine's elementwise pass over the saved G.
 #include "fastrank/smooth_ap.h"
 
-#include "smooth_rank.h"
+#include "subset_heads.h"
 
 namespace fastrank {
 namespace cpu {

@@ -60,7 +60,7 @@
 // Memory: per block of the grid a scratch of 4 (Cs + 32) accumulation-type values (dense: y, r,
 // acc, a; sparse: y, r then the sort buffer then G, the rows' items, their gains then weights;
 // L1/L2-resident), partials = Q list flags + that; ws = G per direction (n * m each),
-// idcg, qloss, counts (smooth_rank.h). Shared memory: 8 warps x 64 (score, a) pairs.
+// idcg, qloss, counts (params.h). Shared memory: 8 warps x 64 (score, a) pairs.
 // The only atomics: an integer max per listed entry, which picks the later of two entries for
 // one item (bad input: the contract lists an item once).
 // NaN (docs/spec.md §1): poison(s + r) of every item is added to the DCG and to a_j (dense) or
@@ -89,7 +89,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kFinalThreads = 256;
 constexpr int kRows = kSmoothNdcgRows;  // sparse pass: the rows a block ranks at once (smooth_ndcg.h)
 
-using Layout = SmoothRankLayout;  // offsets into ws (smooth_rank.h)
+using Layout = SmoothRankLayout;  // offsets into ws (params.h)
 
 // The clamp of the exponent (log2 units): 2^126 is finite in float, 2^1000 in double.
 template <typename A> __device__ __forceinline__ A exp2_cap();
@@ -397,24 +397,13 @@ forward_lists(const SmoothNdcgForward p, int t2i, int64_t cs, acc_t<T> c2, acc_t
   }
 }
 
-// The reduction (one block): per direction the count of the lists with a valid item and, for
-// mean / sum, the loss. Fixed summation order.
+// The reduction (one block, the engine's reduce_queries): a list counts when it has a valid item.
 template <typename A>
 __global__ void __launch_bounds__(kFinalThreads)
 finalize_lists(Lists lists, const A* __restrict__ flags, A* __restrict__ ws, A* __restrict__ out) {
   __shared__ A scratch[kFinalThreads];
-  const Layout L = smooth_rank_layout(lists.n, lists.m, lists.direction);
-  A total = 0;
-  const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
-  for (int d = 0; d < 2; ++d) {
-    A sum = 0, cnt = 0;
-    for (int64_t q = off[d] + threadIdx.x; q < off[d] + len[d]; q += blockDim.x) {
-      sum += ws[L.qloss + q];
-      cnt += flags[q];
-    }
-    add_direction(sum, cnt, lists.reduction, scratch, ws + L.counts + d, total);
-  }
-  if (threadIdx.x == 0 && lists.reduction != kNone) out[0] = total;
+  rank::reduce_queries(smooth_rank_layout(lists.n, lists.m, lists.direction), lists.reduction, flags, scratch, ws,
+                       out);
 }
 
 template <typename T, typename R>

@@ -53,7 +53,7 @@ constexpr int kThreads = kTile * kTile;    // one thread per element of the tile
 constexpr int kChunk = 32;                 // candidates staged per shared-memory step
 constexpr int kFinalThreads = 1024;        // finalize: one block (power of two)
 
-using Layout = SmoothRankLayout;  // offsets into ws (smooth_rank.h)
+using Layout = SmoothRankLayout;  // offsets into ws (params.h)
 
 inline int64_t tiles(int64_t x) { return (x + kTile - 1) / kTile; }
 

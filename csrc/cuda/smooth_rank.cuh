@@ -1,6 +1,6 @@
 // The smooth-rank engine on CUDA for the heads whose rows are a list's positives (Smooth-AP,
 // Recall@k; smooth-NDCG, whose rows are every item, keeps its thread-per-element tiles in
-// smooth_ndcg.cu). Contract and workspace: csrc/include/fastrank/smooth_rank.h.
+// smooth_ndcg.cu). Contract and workspace: csrc/include/fastrank/smooth_ap.h, params.h.
 //
 // Launches: forward = 1 kernel (+ 1 tiled transpose of the t2i lists when t2i is asked
 // for, + 1 one-block reduction for mean/sum), backward = 1 tiled elementwise kernel, for
@@ -30,7 +30,7 @@
 //     then subtracts T_k for a positive k and scales by 1 / tau. Each entry of G is owned by
 //     one thread of one block: no atomics; bit-identical run to run.
 // Memory: G (n, m) per direction (saved for the backward); during the forward, four (n, m)
-// partials per direction and, with t2i, the transposed lists (smooth_rank.h); ~7 KiB of
+// partials per direction and, with t2i, the transposed lists (smooth_ap.h); ~7 KiB of
 // shared memory. Pair work O(|P| * C) per query.
 // NaN propagation (docs/spec.md §1): poison(s) of every valid item is added to the query's loss
 // and to the item's own gradient entry; masked values are never read.
@@ -41,7 +41,7 @@
 #include "fastrank/common.h"
 #include "fastrank/launch.h"
 #include "fastrank/smooth_ap.h"
-#include "fastrank/smooth_rank.h"
+#include "fastrank/params.h"
 
 namespace fastrank {
 namespace cuda {
@@ -61,6 +61,40 @@ __device__ __forceinline__ ListView list_view(bool t2i, int64_t n, int64_t m, in
                                               int64_t ps1, int64_t ms0, int64_t ms1) {
   if (!t2i) return ListView{ss0, ss1, ps0, ps1, ms0, ms1, m, 1, m};
   return ListView{n, 1, n, 1, n, 1, n, 1, n};
+}
+
+// Query qg of a subset forward (both versions; the i2t rows first, then the t2i columns, read
+// as rows of the lists subset_transpose_kernel wrote into the partials, smooth_ap.h): its view,
+// its index q in its direction, its slab of the partials (1: a t2i query after i2t ones), its
+// rows of sim, the positives and the mask (null: every item valid), and its row of G.
+template <typename T> struct SubsetQuery : ListView {
+  int64_t q;
+  int slab;
+  const T* srow;
+  const uint8_t* prow;
+  const uint8_t* mrow;
+  acc_t<T>* G;
+};
+template <typename T>
+__device__ __forceinline__ SubsetQuery<T> subset_query(int64_t qg, int64_t n_i2t, int64_t n, int64_t m,
+                                                       int direction, const T* sim, int64_t ss0, int64_t ss1,
+                                                       const uint8_t* pos, int64_t ps0, int64_t ps1,
+                                                       const uint8_t* mask, int64_t ms0, int64_t ms1,
+                                                       const SmoothRankLayout& L, acc_t<T>* ws,
+                                                       const acc_t<T>* partials) {
+  const int64_t nm = n * m;
+  const acc_t<T>* lists_t = partials + smooth_rank_transposed_offset(n, m, direction);  // simT, posT, maskT
+  const uint8_t* posT = reinterpret_cast<const uint8_t*>(lists_t + nm);
+  const bool t2i = qg >= n_i2t;
+  SubsetQuery<T> r;
+  static_cast<ListView&>(r) = list_view(t2i, n, m, ss0, ss1, ps0, ps1, ms0, ms1);
+  r.q = t2i ? qg - n_i2t : qg;
+  r.slab = t2i && n_i2t > 0 ? 1 : 0;
+  r.srow = (t2i ? reinterpret_cast<const T*>(lists_t) : sim) + r.q * r.s_q;
+  r.prow = (t2i ? posT : pos) + r.q * r.p_q;
+  r.mrow = mask == nullptr ? nullptr : (t2i ? posT + nm : mask) + r.q * r.m_q;
+  r.G = ws + (r.slab == 0 ? L.a1 : L.a2) + r.q * r.o_q;
+  return r;
 }
 
 // Sizes of the tiles of the transposes (the t2i lists in the forward, G^T in the backward).
@@ -160,33 +194,23 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
   const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int64_t nm = n * m;
-  const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);  // the transposed lists
-  const T* simT = reinterpret_cast<const T*>(partials + t_off);
-  const uint8_t* posT = reinterpret_cast<const uint8_t*>(partials + t_off + nm);
-  const uint8_t* maskT = posT + nm;
   for (int64_t qg = blockIdx.x; qg < n_total; qg += gridDim.x) {
-    const bool t2i = qg >= n_i2t;
-    const int64_t q = t2i ? qg - n_i2t : qg;
-    const int slab = t2i && n_i2t > 0 ? 1 : 0;
-    const ListView v = list_view(t2i, n, m, ss0, ss1, ps0, ps1, ms0, ms1);
-    const T* srow = (t2i ? simT : sim) + q * v.s_q;
-    const uint8_t* prow = (t2i ? posT : pos) + q * v.p_q;
-    const uint8_t* mrow = mask == nullptr ? nullptr : (t2i ? maskT : mask) + q * v.m_q;
-    A* G = ws + (slab == 0 ? L.a1 : L.a2) + q * v.o_q;
-    A* X0 = partials + (slab * 4 + 0) * nm + q * v.o_q;  // A, then u
-    A* X1 = partials + (slab * 4 + 1) * nm + q * v.o_q;  // B, then v
-    A* X2 = partials + (slab * 4 + 2) * nm + q * v.o_q;  // S1, then T = u S1 + v S2
-    A* X3 = partials + (slab * 4 + 3) * nm + q * v.o_q;  // S2
-    auto valid = [&](int64_t c) { return mrow == nullptr || mrow[c * v.m_c] != 0; };
-    auto positive = [&](int64_t c) { return c < v.n_c && valid(c) && prow[c * v.p_c] != 0; };
+    const SubsetQuery<T> v =
+        subset_query(qg, n_i2t, n, m, direction, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, L, ws, partials);
+    A* X0 = partials + (v.slab * 4 + 0) * nm + v.q * v.o_q;  // A, then u
+    A* X1 = partials + (v.slab * 4 + 1) * nm + v.q * v.o_q;  // B, then v
+    A* X2 = partials + (v.slab * 4 + 2) * nm + v.q * v.o_q;  // S1, then T = u S1 + v S2
+    A* X3 = partials + (v.slab * 4 + 3) * nm + v.q * v.o_q;  // S2
+    auto valid = [&](int64_t c) { return v.mrow == nullptr || v.mrow[c * v.m_c] != 0; };
+    auto positive = [&](int64_t c) { return c < v.n_c && valid(c) && v.prow[c * v.p_c] != 0; };
 
     // ---- phase 0: the poison of the list, its positives, G = 0
     A p_sum = 0, np_sum = 0;
     for (int64_t c = t; c < v.n_c; c += kThreads) {
       const bool ok = valid(c);
-      if (ok) p_sum += poison(load(srow[c * v.s_c]));
+      if (ok) p_sum += poison(load(v.srow[c * v.s_c]));
       np_sum += positive(c) ? A(1) : A(0);
-      if (with_grad) G[c * v.o_c] = A(0);
+      if (with_grad) v.G[c * v.o_c] = A(0);
     }
     const A pois = block_sum(p_sum, scratch);
     const A np = block_sum(np_sum, scratch);
@@ -202,7 +226,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
         const int64_t order = before + __popc(found & ((1u << b) - 1u));
         if (order % kWarps != warp) continue;
         const int64_t j = c0 + b;
-        const RankSums<A> r = rank_positive<Head>(srow, prow, mrow, v, load(srow[j * v.s_c]), inv_tau, lane);
+        const RankSums<A> r = rank_positive<Head>(v.srow, v.prow, v.mrow, v, load(v.srow[j * v.s_c]), inv_tau, lane);
         if (lane == 0) {
           X0[j * v.o_c] = r.a + A(0.5);  // 1 + (sum - sigma(0))
           X1[j * v.o_c] = r.b + A(0.5);
@@ -255,7 +279,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
           cnt += warp_count[w];
         }
         if (p) {
-          st_s[slot] = load(srow[c * v.s_c]);
+          st_s[slot] = load(v.srow[c * v.s_c]);
           st_u[slot] = X0[c * v.o_c];
           st_v[slot] = Head::kFlagged ? X1[c * v.o_c] : A(0);
         }
@@ -263,12 +287,12 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
         if (cnt > 0) {  // block-uniform
           for (int64_t k = t; k < v.n_c; k += kThreads) {
             if (!valid(k)) continue;
-            const A sk = load(srow[k * v.s_c]);
-            const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+            const A sk = load(v.srow[k * v.s_c]);
+            const A f = v.prow[k * v.p_c] != 0 ? A(1) : A(0);
             A acc = 0;
             // pair loop: engine v1 gradient row
             for (int r = 0; r < cnt; ++r) acc += logistic_deriv((sk - st_s[r]) * inv_tau) * (st_u[r] + st_v[r] * f);
-            G[k * v.o_c] += acc;
+            v.G[k * v.o_c] += acc;
           }
         }
         __syncthreads();  // the staging arrays are rewritten by the next chunk
@@ -276,7 +300,7 @@ subset_forward_kernel(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const
       for (int64_t k = t; k < v.n_c; k += kThreads) {
         if (!valid(k)) continue;
         const A own = positive(k) && np > A(0) ? X2[k * v.o_c] : A(0);
-        G[k * v.o_c] = (G[k * v.o_c] - own) * inv_tau + poison(load(srow[k * v.s_c]));
+        v.G[k * v.o_c] = (v.G[k * v.o_c] - own) * inv_tau + poison(load(v.srow[k * v.s_c]));
       }
     }
     __syncthreads();  // the next query reuses the shared arrays
@@ -307,31 +331,21 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   A* totals = totals_all[warp];
   const int64_t nm = n * m;
-  const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);  // the transposed lists
-  const T* simT = reinterpret_cast<const T*>(partials + t_off);
-  const uint8_t* posT = reinterpret_cast<const uint8_t*>(partials + t_off + nm);
-  const uint8_t* maskT = posT + nm;
   for (int64_t qg = int64_t(blockIdx.x) * kWarps + warp; qg < n_total; qg += int64_t(gridDim.x) * kWarps) {
-    const bool t2i = qg >= n_i2t;
-    const int64_t q = t2i ? qg - n_i2t : qg;
-    const int slab = t2i && n_i2t > 0 ? 1 : 0;
-    const ListView v = list_view(t2i, n, m, ss0, ss1, ps0, ps1, ms0, ms1);
-    const T* srow = (t2i ? simT : sim) + q * v.s_q;
-    const uint8_t* prow = (t2i ? posT : pos) + q * v.p_q;
-    const uint8_t* mrow = mask == nullptr ? nullptr : (t2i ? maskT : mask) + q * v.m_q;
-    A* G = ws + (slab == 0 ? L.a1 : L.a2) + q * v.o_q;
+    const SubsetQuery<T> v =
+        subset_query(qg, n_i2t, n, m, direction, sim, ss0, ss1, pos, ps0, ps1, mask, ms0, ms1, L, ws, partials);
     // the query's slots of the four partials, X[x * nm + c * o_c]: A then u, B then v, S1 then
     // T = u S1 + v S2, S2 (one base pointer: fewer registers live than four)
-    A* X = partials + slab * 4 * nm + q * v.o_q;
-    auto valid = [&](int64_t c) { return mrow == nullptr || mrow[c * v.m_c] != 0; };
-    auto positive = [&](int64_t c) { return c < v.n_c && valid(c) && prow[c * v.p_c] != 0; };
+    A* X = partials + v.slab * 4 * nm + v.q * v.o_q;
+    auto valid = [&](int64_t c) { return v.mrow == nullptr || v.mrow[c * v.m_c] != 0; };
+    auto positive = [&](int64_t c) { return c < v.n_c && valid(c) && v.prow[c * v.p_c] != 0; };
 
     // ---- phase 0: the poison of the list, its positives, G = 0
     A p_sum = 0, np_sum = 0;
     for (int64_t c = lane; c < v.n_c; c += 32) {
-      if (valid(c)) p_sum += poison(load(srow[c * v.s_c]));
+      if (valid(c)) p_sum += poison(load(v.srow[c * v.s_c]));
       np_sum += positive(c) ? A(1) : A(0);
-      if (with_grad) G[c * v.o_c] = A(0);
+      if (with_grad) v.G[c * v.o_c] = A(0);
     }
     const A pois = warp_sum(p_sum);
     const A np = warp_sum(np_sum);
@@ -341,7 +355,7 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
       const unsigned found = __ballot_sync(0xffffffffu, positive(c0 + lane));
       for (unsigned bal = found; bal != 0; bal &= bal - 1) {  // warp-uniform: the chunk's positives in order
         const int64_t j = c0 + __ffs(static_cast<int>(bal)) - 1;
-        const RankSums<A> r = rank_positive<Head>(srow, prow, mrow, v, load(srow[j * v.s_c]), inv_tau, lane);
+        const RankSums<A> r = rank_positive<Head>(v.srow, v.prow, v.mrow, v, load(v.srow[j * v.s_c]), inv_tau, lane);
         if (lane == 0) {
           X[j * v.o_c] = r.a + A(0.5);  // 1 + (sum - sigma(0))
           X[1 * nm + j * v.o_c] = r.b + A(0.5);
@@ -389,7 +403,7 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
         const int cnt = __popc(bal);
         if (p) {
           const int slot = __popc(bal & ((1u << lane) - 1u));
-          st_s[warp][slot] = load(srow[c * v.s_c]);
+          st_s[warp][slot] = load(v.srow[c * v.s_c]);
           st_u[warp][slot] = X[c * v.o_c];
           st_v[warp][slot] = Head::kFlagged ? X[1 * nm + c * v.o_c] : A(0);
         }
@@ -397,13 +411,13 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
         if (cnt > 0) {  // warp-uniform
           for (int64_t k = lane; k < v.n_c; k += 32) {
             if (!valid(k)) continue;
-            const A sk = load(srow[k * v.s_c]);
-            const A f = prow[k * v.p_c] != 0 ? A(1) : A(0);
+            const A sk = load(v.srow[k * v.s_c]);
+            const A f = v.prow[k * v.p_c] != 0 ? A(1) : A(0);
             A acc = 0;
             // pair loop: engine v2 gradient row
             for (int r = 0; r < cnt; ++r)
               acc += logistic_deriv((sk - st_s[warp][r]) * inv_tau) * (st_u[warp][r] + st_v[warp][r] * f);
-            G[k * v.o_c] += acc;
+            v.G[k * v.o_c] += acc;
           }
         }
         __syncwarp();  // the staging slice is rewritten by the next chunk
@@ -411,7 +425,7 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
       for (int64_t k = lane; k < v.n_c; k += 32) {
         if (!valid(k)) continue;
         const A own = positive(k) && np > A(0) ? X[2 * nm + k * v.o_c] : A(0);
-        G[k * v.o_c] = (G[k * v.o_c] - own) * inv_tau + poison(load(srow[k * v.s_c]));
+        v.G[k * v.o_c] = (v.G[k * v.o_c] - own) * inv_tau + poison(load(v.srow[k * v.s_c]));
       }
     }
     __syncwarp();  // the next query reuses the warp's shared slices
@@ -420,22 +434,31 @@ subset_forward_warps(const T* __restrict__ sim, int64_t ss0, int64_t ss1, const 
 
 // The reduction (one block): per direction the count of the queries that count and, for
 // mean / sum, the loss. Fixed summation order.
+// The reduction of a smooth-rank forward, run by one block (subset_finalize, and smooth-NDCG's
+// finalize_lists): per direction the count of the queries that count (flags[q]: 1 or 0) and,
+// for mean / sum, the loss from the per-query losses in ws. Fixed summation order.
 template <typename A>
-__global__ void __launch_bounds__(kThreads)
-subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restrict__ ws, A* __restrict__ out) {
-  __shared__ A scratch[kThreads];
-  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+__device__ __forceinline__ void reduce_queries(const SmoothRankLayout& L, int reduction, const A* flags, A* scratch,
+                                               A* ws, A* out) {
   A total = 0;
   const int64_t off[2] = {0, L.nq1}, len[2] = {L.nq1, L.nq2};
   for (int d = 0; d < 2; ++d) {
     A sum = 0, cnt = 0;
     for (int64_t q = off[d] + threadIdx.x; q < off[d] + len[d]; q += blockDim.x) {
       sum += ws[L.qloss + q];
-      cnt += ws[L.idcg + q];
+      cnt += flags[q];
     }
     add_direction(sum, cnt, reduction, scratch, ws + L.counts + d, total);
   }
   if (threadIdx.x == 0 && reduction != kNone) out[0] = total;
+}
+
+template <typename A>
+__global__ void __launch_bounds__(kThreads)
+subset_finalize(int64_t n, int64_t m, int direction, int reduction, A* __restrict__ ws, A* __restrict__ out) {
+  __shared__ A scratch[kThreads];
+  const SmoothRankLayout L = smooth_rank_layout(n, m, direction);
+  reduce_queries(L, reduction, ws + L.idcg, scratch, ws, out);  // the flags: aux
 }
 
 // The backward, elementwise over 32 x 32 tiles of sim (grid-strided): grad = sum over
@@ -507,7 +530,7 @@ int subset_forward(const Head& head, const P& p) {
   const cudaStream_t st = static_cast<cudaStream_t>(p.stream);
   A* w = static_cast<A*>(p.ws);
   A* part = static_cast<A*>(p.partials);
-  if (n_t2i > 0) {  // the column lists, transposed into the scratch (smooth_rank.h)
+  if (n_t2i > 0) {  // the column lists, transposed into the scratch (smooth_ap.h)
     using B = typename UIntOf<sizeof(T)>::type;
     const int64_t t_off = smooth_rank_transposed_offset(n, m, direction);
     uint8_t* posT = reinterpret_cast<uint8_t*>(part + t_off + n * m);

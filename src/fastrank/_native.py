@@ -241,6 +241,27 @@ REDUCTION_CODE = dict(_constants.REDUCTION_CODE) if _constants else {}
 MAX_KS = int(_constants.MAX_KS) if _constants else None
 PATH_CODE = dict(_constants.PATH_CODE) if _constants else {}
 
+
+# The buffer sizes the ops allocate for their kernels, as Python formulas: a register_fake
+# must stay symbolic under torch.compile, so the sizes are not asked of a module (which also
+# keeps a C++ call off every call's path). Each is the C++ function of the same name, which
+# both modules export; tests/test_native_constants.py compares the two over a grid of shapes.
+def query_count(n: int, m: int, direction: int) -> int:
+    """The per-query losses of a direction code: n if i2t, + m if t2i (params.h)."""
+    return (n if direction & 1 else 0) + (m if direction & 2 else 0)
+
+
+def smooth_rank_ws_numel(n: int, m: int, direction: int) -> int:
+    """Elements of the smooth-rank engine's workspace, the ``ws`` of smooth_ndcg, smooth_ap and
+    recall_at_k (params.h, SmoothRankLayout)."""
+    d1, d2 = direction & 1, (direction >> 1) & 1
+    return (d1 + d2) * n * m + 2 * (d1 * n + d2 * m) + 2
+
+
+def kendall_aux_numel(n: int, m: int, direction: int) -> int:
+    """Elements of kendall's and kendall_sw's aux (kendall.h)."""
+    return 2 * query_count(n, m, direction) + 2
+
 # The variants of the kernels a call runs (fastrank.kernel_variant): fields of each call's
 # parameter struct, set by the op from what is selected when it is called.
 CUDA_KERNELS_VARIABLE = "FASTRANK_CUDA_KERNELS"

@@ -109,17 +109,10 @@ class TopKRelevance:
         out.scatter_(1, col, self.values.to(out.dtype))
         return out[:, :m]
 
-    def row_lists(self) -> Lists:
-        """The rows as :class:`Lists` (views of indices and values)."""
-        n, k = self.indices.shape
-        offsets = torch.arange(0, n * k + 1, k, dtype=torch.int64, device=self.device) if k > 0 else \
-            torch.zeros(n + 1, dtype=torch.int64, device=self.device)
-        return Lists(offsets, self.indices.reshape(-1), self.values.reshape(-1))
-
     def column_lists(self) -> Lists:
-        """The columns as :class:`Lists` (the t2i direction's lists, for the CUDA kernels and the
-        blocks of the losses from the embeddings; the CPU kernels make them from the rows' by a
-        counting pass): entries sorted by column, then row, then slot; no host read (static
+        """The columns as :class:`Lists` (the t2i direction's lists, for the CUDA kernels; the
+        CPU kernels make them from the rows' by a counting pass; the rows' are views of
+        ``indices`` and ``values``, ``fastrank.ops._launch.relevance_lists``): entries sorted by column, then row, then slot; no host read (static
         shapes: every slot is kept, the unused ones after the last column's)."""
         n, k = self.indices.shape
         m = self.num_columns

@@ -404,7 +404,7 @@ __device__ __forceinline__ A block_sum(A v, A* scratch) {
 // One direction's share of a smooth-rank call's reduction (one block; smooth_ndcg.cu,
 // smooth_rank.cuh): the per-thread sums of the direction's query losses and of its queries
 // that count are summed over the block; thread 0 records the count (ws's count_d,
-// smooth_rank.h) and adds the direction's share to `total` (mean: sum / count, 0 without a
+// params.h) and adds the direction's share to `total` (mean: sum / count, 0 without a
 // query; sum: sum).
 template <typename A>
 __device__ __forceinline__ void add_direction(A sum, A cnt, int reduction, A* scratch, A* count_out, A& total) {

@@ -1,5 +1,5 @@
 // Recall@k surrogate kernels (docs/spec.md §2.9; Patel, Tolias, Matas, CVPR 2022): entry points,
-// a head of the smooth-rank engine (smooth_rank.h).
+// a head of the smooth-rank engine (smooth_ap.h).
 //
 // As smooth_ap.h (sim, positives, mask, directions, reductions, workspace), with, per query,
 // for j in P: r_j = R_all(j) and, for each of the n_k values k (ks[i], temperature tk[i]):
@@ -13,7 +13,6 @@
 
 #include "fastrank/common.h"
 #include "fastrank/smooth_ap.h"
-#include "fastrank/smooth_rank.h"
 
 namespace fastrank {
 

@@ -1,5 +1,5 @@
 // Smooth-AP kernels (docs/spec.md §2.8; Brown et al., ECCV 2020): entry points, a head of the
-// smooth-rank engine (smooth_rank.h).
+// smooth-rank engine (params.h: its workspace; csrc/cpu/smooth_rank.h, csrc/cuda/smooth_rank.cuh).
 //
 // sim, positives and mask are strided (n, m) matrices (strides in elements); the i2t queries
 // are the rows, the t2i queries the columns (swapped strides). positives and mask are bool
@@ -10,7 +10,7 @@
 //   loss     = 1 - (1 / |P|) sum_{j in P} R_pos(j) / R_all(j); 0 when P is empty
 // Pair work O(|P| * |L|) per query. "mean" = the sum over directions of the mean over the
 // queries with a positive (0 if none), "sum", or the per-query losses (none; i2t first).
-// Workspace ws (smooth_rank.h): w_d = G_d, the per-query gradient d loss_q / d sim in the
+// Workspace ws (params.h, SmoothRankLayout): w_d = G_d, the per-query gradient d loss_q / d sim in the
 // (n, m) layout, complete (the backward multiplies it by the upstream weight only).
 // A non-finite score poisons its query's loss and its own gradient entry.
 #pragma once
@@ -18,7 +18,6 @@
 
 #include "fastrank/common.h"
 #include "fastrank/params.h"
-#include "fastrank/smooth_rank.h"
 
 namespace fastrank {
 // One struct per entry point for both backends (CUDA: OnStream, the stream last).
@@ -55,7 +54,20 @@ void smooth_rank_backward(const SmoothRankBackward& p);
 }  // namespace cpu
 
 namespace cuda {
-using ::fastrank::smooth_rank_partials_numel;  // smooth_rank.h: bound with the CUDA module's sizes
+// The subset heads' forward scratch, `partials` (smooth_rank.cuh): four (n, m) arrays per direction (the positives' ranks and coefficients), then, when t2i
+// is requested, the column lists transposed, so that a column query reads its list
+// contiguously: sim^T (m, n) in sim's element type (within n * m accumulation-type
+// elements), then positives^T and mask^T, (m, n) bytes each (counted in 4-byte elements,
+// the smallest accumulation type).
+FR_HD int64_t smooth_rank_transposed_offset(int64_t n, int64_t m, int direction) {
+  return 4 * (int64_t((direction & kI2T) != 0) + int64_t((direction & kT2I) != 0)) * n * m;
+}
+
+inline int64_t smooth_rank_partials_numel(int64_t n, int64_t m, int direction) {
+  const int64_t nm = n * m;
+  return smooth_rank_transposed_offset(n, m, direction) + ((direction & kT2I) ? nm + (2 * nm + 3) / 4 : 0);
+}
+
 // Entry points return a cudaError_t as int (0 = success); `stream` is a cudaStream_t.
 using SmoothApForward = OnStream<::fastrank::SmoothApForward>;
 using SmoothRankBackward = OnStream<::fastrank::SmoothRankBackward>;

@@ -20,7 +20,8 @@
 // (Q = their count). `out` is (Q,) for reduction none, else one value: "mean" = the sum
 // over directions of the mean over lists with >= 1 valid item (0 if none), "sum" = sum.
 //
-// Workspace `ws` (accumulation type A: float, double for float64), smooth_ndcg_ws_numel:
+// Workspace `ws` (accumulation type A: float, double for float64): the smooth-rank engine's
+// (params.h, SmoothRankLayout; smooth_rank_ws_numel elements), aux = the per-query IDCG:
 //   [w_i2t (n*m) if i2t][w_t2i (n*m) if t2i][idcg (Q)][qloss (Q)][count_i2t, count_t2i]
 // w_d[i * m + j] is per-element state of direction d for the backward (0 if masked):
 //  - CPU: G = sum_{k != m} sigma'((s_k - s_m) / tau) (a_k - a_m), the gradient up to the
@@ -29,7 +30,7 @@
 //    backward is elementwise;
 //  - CUDA version 2 (the default): G scaled by the query's -1 / (tau * IDCG), complete but for
 //    the upstream weight (the forward runs both pair passes; the backward is elementwise),
-//    w_t2i stored transposed, (m, n), as the subset heads' (smooth_rank.h);
+//    w_t2i stored transposed, (m, n), as the subset heads' (smooth_rank.cuh);
 //  - CUDA version 1 (version = 1): a = g * d/dpi [1 / log2(1 + pi)]; the
 //    backward runs the pair pass.
 // All carry poison(s + r), so a non-finite input poisons the gradient. Then
@@ -41,15 +42,8 @@
 
 #include "fastrank/common.h"
 #include "fastrank/params.h"
-#include "fastrank/smooth_rank.h"
 
 namespace fastrank {
-
-// ws is the smooth-rank engine's workspace (smooth_rank.h): w_d as described above, aux =
-// the per-query IDCG.
-inline int64_t smooth_ndcg_ws_numel(int64_t n, int64_t m, int direction) {
-  return smooth_rank_ws_numel(n, m, direction);
-}
 
 // One struct per entry point for both backends (CUDA: OnStream, the stream last); a field one
 // backend does not read is filled all the same (0 for a pointer it ignores).
@@ -104,7 +98,7 @@ namespace cuda {
 // workspace size:
 //  - version 2 (smooth_ndcg.cu, the default): a block a list; the forward runs both pair
 //    passes (with_grad; the rank pass alone without) and leaves w_d = G_d complete but for
-//    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.h); the
+//    the upstream weight, w_t2i transposed (m, n) as the subset heads' (smooth_rank.cuh); the
 //    backward is the smooth-rank engine's elementwise one. `partials`: the list flags (Q),
 //    then a scratch of 4 (span + 32) values for each block of a direction's launch. The
 //    relevance is the matrix `rel` or, when rel_i2t.offsets is set, the lists rel_i2t (the n

@@ -23,6 +23,7 @@ from torch import Tensor
 from .. import _validation as V
 from .._reduce import directions, reduce
 from .triplet import masked_max, to_acc
+from ..ops._module import ModuleForm
 from ..ops._row import Loss
 
 
@@ -78,6 +79,16 @@ def variance_weighted_per_query(s: Tensor, pos: Tensor, margin: float) -> Tensor
     return torch.where(has_neg[0], loss, torch.zeros_like(loss))
 
 
+def _check_margin(margin, reduction):
+    """variance_weighted_loss's hyper-parameters as it uses them, or the error naming the bad one."""
+    return V.check_nonnegative(margin, "margin"), V.check_reduction(reduction)
+
+
+def _check_beta(beta, reduction):
+    """orthogonal_loss's hyper-parameters as it uses them, or the error naming the bad one."""
+    return V.check_nonnegative(beta, "beta"), V.check_reduction(reduction)
+
+
 def variance_weighted_loss(sub_sim: Tensor, margin: float = 0.2, positives: Optional[Tensor] = None,
                            reduction: str = "mean") -> Tensor:
     """DVSE variance-aware weighting loss (docs/spec.md §2.7; DVSE, Eq. 5-11), both directions.
@@ -103,8 +114,7 @@ def variance_weighted_loss(sub_sim: Tensor, margin: float = 0.2, positives: Opti
         raise ValueError(f"positives must have shape (N, M) = {tuple(sub_sim.shape[1:])} "
                          f"(sub_sim is (K, N, M)), got {tuple(positives.shape)}")
     positives = V.check_positives(positives, sub_sim[0])
-    margin = V.check_nonnegative(margin, "margin")
-    V.check_reduction(reduction)
+    margin, reduction = _check_margin(margin, reduction)
     V.check_finite(sub_sim, "sub_sim")
     s = to_acc(sub_sim)
     parts = []
@@ -141,8 +151,7 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
             raise ValueError(f"mask must have shape (N, K) = {(n, k)}, got {tuple(mask.shape)}")
         if mask.device != sub_emb.device:
             raise ValueError(f"mask is on {mask.device} but sub_emb is on {sub_emb.device}")
-    beta = V.check_nonnegative(beta, "beta")
-    V.check_reduction(reduction)
+    beta, reduction = _check_beta(beta, reduction)
     # values last (docs/spec.md §1: where the value check is on, CPU by default)
     V.check_finite(sub_emb, "sub_emb")
     if mask is not None and V.check_finite_enabled(mask.device) and not bool(((mask == 0) | (mask == 1)).all()):
@@ -162,34 +171,13 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
     return per_image.sum() if reduction == "sum" else per_image.mean()
 
 
-class VarianceWeightedLoss(torch.nn.Module):
+class VarianceWeightedLoss(ModuleForm, functional=variance_weighted_loss, inputs=("sub_sim", "positives"),
+                           check=_check_margin):
     """Module form of :func:`fastrank.variance_weighted_loss`: ``VarianceWeightedLoss()(sub_sim)``."""
 
-    def __init__(self, margin: float = 0.2, reduction: str = "mean"):
-        super().__init__()
-        self.margin = V.check_nonnegative(margin, "margin")
-        self.reduction = V.check_reduction(reduction)
 
-    def forward(self, sub_sim: Tensor, positives: Optional[Tensor] = None) -> Tensor:
-        return variance_weighted_loss(sub_sim, self.margin, positives, self.reduction)
-
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}, reduction={self.reduction!r}"
-
-
-class OrthogonalLoss(torch.nn.Module):
+class OrthogonalLoss(ModuleForm, functional=orthogonal_loss, inputs=("sub_emb", "mask"), check=_check_beta):
     """Module form of :func:`fastrank.orthogonal_loss`: ``OrthogonalLoss(beta=0.4)(sub_emb, mask)``."""
-
-    def __init__(self, beta: float = 0.4, reduction: str = "mean"):
-        super().__init__()
-        self.beta = V.check_nonnegative(beta, "beta")
-        self.reduction = V.check_reduction(reduction)
-
-    def forward(self, sub_emb: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return orthogonal_loss(sub_emb, mask, self.beta, self.reduction)
-
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}, reduction={self.reduction!r}"
 
 
 # ---------------------------------------------------------------- its row of the table of losses (registry.py)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import _validation as V
+from ._frozen import FinetuneSwitch
 from ._registry import register_image_encoder, register_text_encoder
 from .pooling import GPO, length_mask, masked_max, masked_mean
 
@@ -66,22 +67,8 @@ def _feature_dim(config) -> int:
     return int(dim)
 
 
-class _Backbone(nn.Module):
-    """Shared by the two encoders: the ``finetune`` switch (frozen = eval mode, no gradient)."""
-
-    def _set_finetune(self, finetune) -> None:
-        if not isinstance(finetune, bool):
-            raise TypeError(f"finetune must be True or False, got {finetune!r}")
-        self.finetune = finetune
-        self.model.requires_grad_(finetune)
-        if not finetune:
-            self.model.eval()
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        if not self.finetune:
-            self.model.eval()
-        return self
+class _Backbone(FinetuneSwitch):
+    """Shared by the two encoders: the ``finetune`` switch (models/_frozen.py) and the pooling."""
 
     def _pool(self, tokens: Tensor, mask: Tensor) -> Tensor:
         if self.pooling == "gpo":

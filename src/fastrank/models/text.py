@@ -19,6 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .. import _validation as V
 from ..data.vocab import Vocab
+from ._frozen import FinetuneSwitch
 from ._registry import register_text_encoder
 from .pooling import GPO, length_mask, masked_mean
 
@@ -109,7 +110,7 @@ def bundled_sbert_path() -> str:
 
 
 @register_text_encoder("sbert")
-class SBERTTextEncoder(nn.Module):
+class SBERTTextEncoder(FinetuneSwitch):
     """Sentence-transformers encoder + linear projection to E.
 
     model: None (the bundled all-MiniLM-L6-v2, loaded from its local path, offline), a model
@@ -118,6 +119,7 @@ class SBERTTextEncoder(nn.Module):
     in_dim: None or the model's output dimension (checked).
     forward(captions: list of B strings, lengths=None (ignored)) -> (B, E).
     """
+    _pretrained = "sbert"
 
     def __init__(self, in_dim: Optional[int] = None, embed_dim: int = 1024, model=None,
                  finetune: bool = False, device=None):
@@ -133,17 +135,8 @@ class SBERTTextEncoder(nn.Module):
             raise ValueError(f"in_dim ({in_dim}) does not match the sentence model's dimension ({dim})")
         self.in_dim = dim
         self.embed_dim = V.check_int(embed_dim, "embed_dim")
-        self.finetune = bool(finetune)
         self.proj = nn.Linear(dim, self.embed_dim)
-        self.sbert.requires_grad_(self.finetune)
-        if not self.finetune:
-            self.sbert.eval()
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        if not self.finetune:
-            self.sbert.eval()
-        return self
+        self._set_finetune(finetune)
 
     def _features(self, captions: List[str]) -> dict:
         prep = getattr(self.sbert, "preprocess", None) or self.sbert.tokenize

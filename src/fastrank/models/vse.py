@@ -115,46 +115,41 @@ class VSE(nn.Module):
             sim = torch.maximum(sim, img_emb[:, k] @ txt_emb.t())
         return sim
 
+    def _in_batches(self, data, lengths, batch_size: int, embed) -> Tensor:
+        """``embed(batch, its lengths or None)`` over data's batches of batch_size, in eval mode
+        (the caller's mode restored after), concatenated."""
+        batch_size = V.check_int(batch_size, "batch_size")
+        was_training = self.training
+        self.eval()
+        try:
+            return torch.cat([embed(data[s:e], None if lengths is None else lengths[s:e])
+                              for s, e in _batches(data, batch_size)])
+        finally:
+            self.train(was_training)
+
     @torch.no_grad()
     def encode_images(self, images, lengths=None, batch_size: int = 256) -> Tensor:
         """Embed a gallery in batches, in eval mode, without gradient: images (N, R, D) or (N, D)
         (a Tensor or a numpy / memory-mapped array, moved to the model's device batch by batch)
         -> (N, E), or (N, K, E) for sub-embeddings."""
-        batch_size = V.check_int(batch_size, "batch_size")
-        was_training = self.training
-        self.eval()
-        try:
-            out = []
-            for s, e in _batches(images, batch_size):
-                x = images[s:e] if isinstance(images, Tensor) else torch.as_tensor(np.asarray(images[s:e]))
-                x = x.to(device=self.device, dtype=self.dtype)
-                emb = self.embed_images(x, None if lengths is None else lengths[s:e])
-                out.append(emb.emb if isinstance(emb, SubEmbeddings) else emb)
-            return torch.cat(out)
-        finally:
-            self.train(was_training)
+        def embed(x, lens):
+            x = x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
+            emb = self.embed_images(x.to(device=self.device, dtype=self.dtype), lens)
+            return emb.emb if isinstance(emb, SubEmbeddings) else emb
+        return self._in_batches(images, lengths, batch_size, embed)
 
     @torch.no_grad()
     def encode_texts(self, captions, lengths=None, batch_size: int = 256) -> Tensor:
         """Embed captions in batches, in eval mode, without gradient -> (M, E). captions: a list
         of strings (``sbert``, or ``gru`` with a vocab), word ids (M, L) with lengths (M,), or
         sentence vectors (M, D)."""
-        batch_size = V.check_int(batch_size, "batch_size")
-        was_training = self.training
-        self.eval()
-        try:
-            out = []
-            for s, e in _batches(captions, batch_size):
-                c = captions[s:e]
-                if isinstance(c, np.ndarray):
-                    c = torch.as_tensor(c)
-                if isinstance(c, Tensor):  # sentence vectors take the model's dtype, word ids stay long
-                    c = c.to(self.device, self.dtype if c.is_floating_point() else c.dtype)
-                out.append(self.embed_texts(c, None if lengths is None else lengths[s:e]))
-            return torch.cat(out)
-        finally:
-            self.train(was_training)
-
+        def embed(c, lens):
+            if isinstance(c, np.ndarray):
+                c = torch.as_tensor(c)
+            if isinstance(c, Tensor):  # sentence vectors take the model's dtype, word ids stay long
+                c = c.to(self.device, self.dtype if c.is_floating_point() else c.dtype)
+            return self.embed_texts(c, lens)
+        return self._in_batches(captions, lengths, batch_size, embed)
 
 def build_vse(image_encoder: str, text_encoder: str, img_dim: int, txt_dim: Optional[int] = None,
               embed_dim: int = 1024, image_kw: Optional[dict] = None, text_kw: Optional[dict] = None) -> VSE:

@@ -129,13 +129,19 @@ def relevance_args(sim: torch.Tensor, relevance, lists):
 
 
 def relevance_lists(relevance, direction: str, columns: bool = True) -> list:
-    """A :class:`fastrank.TopKRelevance` as an op takes it: the rows' and the columns'
-    (offsets, index, values) in turn (``TopKRelevance.row_lists``, ``column_lists``). The
-    rows' stand in for the columns' (never read) where the direction is i2t alone, or where the
-    kernels make the columns' themselves (``columns`` false: the CPU kernels, by a counting pass
-    over the rows', O(nnz + M), csrc/cpu/relevance_lists.h)."""
-    rows = relevance.row_lists()
-    cols = relevance.column_lists() if columns and direction != "i2t" else rows
+    """A :class:`fastrank.TopKRelevance` as an op takes it: the rows' and the columns' (offsets,
+    index, values) in turn, values detached. The rows' are views of its (N, k) tensors (row q's
+    entries at positions q * k .. q * k + k - 1), made here, where they are used; the columns'
+    are ``TopKRelevance.column_lists``. The rows' stand in for the columns' (never read) where
+    the direction is i2t alone, or where the kernels make the columns' themselves (``columns``
+    false: the CPU kernels, by a counting pass over the rows', O(nnz + M),
+    csrc/cpu/relevance_lists.h)."""
+    indices, values = relevance.indices, relevance.values.detach()
+    n, k = indices.shape
+    offsets = torch.arange(0, n * k + 1, k, dtype=torch.int64, device=indices.device) if k > 0 else \
+        torch.zeros(n + 1, dtype=torch.int64, device=indices.device)
+    rows = (offsets, indices.reshape(-1), values.reshape(-1))
+    cols = relevance.detach().column_lists() if columns and direction != "i2t" else rows
     return [*rows, *cols]
 
 

@@ -1,10 +1,14 @@
 """The module form of a functional op, made from the functional itself.
 
 ``class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance",
-"mask"), check=_check_hyper)`` is the whole module: its constructor takes the functional's
-other parameters with the functional's defaults (``impl`` among them), checks them with the
-op's own ``check`` (the one its functional calls, so an error names the argument the same
-way), and ``forward(*inputs)`` calls the functional with them. ``extra_repr`` lists them
+"mask"), check=_check_hyper, checked=_smooth_ndcg_loss)`` is the whole module: its constructor
+takes the functional's other parameters with the functional's defaults (``impl`` among them)
+and checks them with the op's own ``check`` (the one its functional calls, so an error names
+the argument the same way), as does every later assignment of one (``module.tau = 0.5``);
+``forward(*inputs)`` calls the functional with them. They are checked when they are set, not
+at every call: given ``checked`` (the functional's body, which takes the hyper-parameter check
+as its first argument and then the functional's parameters), ``forward`` calls it with no
+check of them; without it, the functional, which checks them again. ``extra_repr`` lists them
 (``impl`` aside).
 """
 from __future__ import annotations
@@ -17,15 +21,22 @@ import torch
 from .. import _validation as V
 
 
+def _as_checked(*hyper):
+    """The hyper-parameter check of a module's call: none (they were checked when set)."""
+    return hyper
+
+
 class ModuleForm(torch.nn.Module):
     """Base of the module forms (module docstring)."""
 
     def __init_subclass__(cls, functional: Callable = None, inputs: Sequence[str] = (), check: Callable = None,
-                          **kw):
+                          checked: Callable = None, **kw):
         super().__init_subclass__(**kw)
+        body = checked
         params = inspect.signature(functional).parameters
         hyper = tuple(p for p in params if p not in inputs)
         checked = tuple(p for p in hyper if p != "impl")
+        input_defaults = {p: params[p].default for p in inputs if params[p].default is not inspect.Parameter.empty}
         self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
         init_sig = inspect.Signature([self_param] + [params[p] for p in hyper])
         forward_sig = inspect.Signature([self_param] + [params[p] for p in inputs],
@@ -39,14 +50,17 @@ class ModuleForm(torch.nn.Module):
             values = {p: bound.arguments[p] for p in hyper}
             for name, value in zip(checked, check(*[values[p] for p in checked])):
                 setattr(self, name, value)
-            impl = values.get("impl", "auto")
-            self.impl = impl if impl == "auto" else V.check_impl(impl)
+            if "impl" in values:
+                impl = values["impl"]
+                self.impl = impl if impl == "auto" else V.check_impl(impl)
 
         def forward(self, *args, **kwargs):
             if len(args) > len(inputs):
                 raise TypeError(f"{cls.__name__}.forward takes at most {len(inputs)} inputs {inputs}, "
                                 f"got {len(args)}")
             kwargs.update(zip(inputs, args))
+            if body is not None:
+                return body(_as_checked, **{**input_defaults, **kwargs}, **{p: getattr(self, p) for p in hyper})
             return functional(**kwargs, **{p: getattr(self, p) for p in hyper})
 
         __init__.__signature__ = init_sig
@@ -55,6 +69,16 @@ class ModuleForm(torch.nn.Module):
         cls.__init__ = __init__
         cls.forward = forward
         cls._hyper_names = checked
+        cls._check_hyper = staticmethod(check)
+
+    def __setattr__(self, name, value):
+        if name in self.__dict__:  # a reassignment: a hyper-parameter is checked as at construction
+            if name in self._hyper_names:
+                values = [value if p == name else getattr(self, p) for p in self._hyper_names]
+                value = self._check_hyper(*values)[self._hyper_names.index(name)]
+            elif name == "impl" and value != "auto":
+                value = V.check_impl(value)
+        super().__setattr__(name, value)
 
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._hyper_names)

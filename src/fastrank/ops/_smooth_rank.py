@@ -3,7 +3,7 @@ recall_at_k (csrc/cpu/smooth_rank.h, csrc/cuda/smooth_rank.cuh).
 
 One forward kernel call per loss call computes every requested direction (t2i through
 swapped strides), the reduction, and each query's gradient row G = d loss_q / d sim
-(csrc/include/fastrank/smooth_rank.h: the workspace ``ws``), in pair work O(|P| * M) per
+(csrc/include/fastrank/params.h, SmoothRankLayout: the workspace ``ws``), in pair work O(|P| * M) per
 query: the positives are the rows the engine ranks. The backward, the same for both heads,
 is one elementwise kernel call (``fastrank::smooth_rank_backward``) that scales G by the
 upstream gradient: no second pair pass, no host sync.
@@ -15,20 +15,10 @@ from typing import Optional, Sequence
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype, has_native
+from .._native import acc_dtype, has_native, query_count, smooth_rank_ws_numel
 from ._floor import PASSES
 from ._launch import cuda_kernels, kernel, mask_args, mat, module_for
 from ._native_op import Backward
-
-
-def sizes(n: int, m: int, direction: int):
-    """(number of per-query losses, elements of ws) for a direction code. In Python, not asked
-    of C++, because the register_fake kernels must stay symbolic under torch.compile:
-    tests/test_native_constants.py compares it with the modules' query_count and
-    smooth_rank_ws_numel."""
-    d1, d2 = direction & 1, (direction >> 1) & 1
-    q = d1 * n + d2 * m
-    return q, (d1 + d2) * n * m + 2 * q + 2
 
 
 # the fields of SmoothApForward (smooth_ap.h), in order; a head adds its own after them
@@ -45,9 +35,8 @@ def forward(kernel, sim: Tensor, positives: Tensor, mask: Optional[Tensor], head
     s = sim
     acc = acc_dtype(s.dtype)
     n, m = s.shape
-    q, ws_numel = sizes(n, m, direction)
-    out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
-    ws = s.new_empty((ws_numel,), dtype=acc)
+    out = s.new_empty((query_count(n, m, direction),) if reduction == 0 else (), dtype=acc)
+    ws = s.new_empty((smooth_rank_ws_numel(n, m, direction),), dtype=acc)
     part = s.new_empty((module_for(s).smooth_rank_partials_numel(n, m, direction),), dtype=acc) \
         if cuda_kernels(s) else None
     kernel(s, n, m, direction, reduction, version, *mat(s), *mat(positives), *mask_args(mask), tau, int(with_grad),
@@ -95,10 +84,12 @@ def floor(mode: str, size: dict, itemsize: int) -> dict:
 
 
 def fake_forward(sim: Tensor, direction: int, reduction: int):
-    """The (loss, ws) of a forward op, for its register_fake."""
+    """The (loss, ws) of a forward op of the engine (smooth-NDCG's, Smooth-AP's, Recall@k's),
+    for its register_fake."""
     acc = acc_dtype(sim.dtype)
-    q, ws_numel = sizes(sim.shape[0], sim.shape[1], direction)
-    return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc), sim.new_empty((ws_numel,), dtype=acc))
+    n, m = sim.shape
+    return (sim.new_empty((query_count(n, m, direction),) if reduction == 0 else (), dtype=acc),
+            sim.new_empty((smooth_rank_ws_numel(n, m, direction),), dtype=acc))
 
 
 def checked_inputs(sim: Tensor, positives, mask: Optional[Tensor], impl: str, loss: str, check_hyper, *hyper):

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import has_native, variant_codes
+from .._native import has_native, kendall_aux_numel, query_count, variant_codes
 from ..reference.kendall import kendall_reference
 from ._floor import pair_count, rw_bytes
 from ..topk import TopKRelevance
@@ -31,25 +31,14 @@ from ._native_op import Backward, NativeOp
 from ._row import Loss
 
 
-def _n_total(n: int, m: int, direction: int) -> int:
-    return (n if direction & 1 else 0) + (m if direction & 2 else 0)
-
-
-def aux_numel(n: int, m: int, direction: int) -> int:
-    """Elements of aux (csrc/include/fastrank/kendall.h; kendall_sw's too). In Python for the
-    register_fake kernels, which must stay symbolic under torch.compile;
-    tests/test_native_constants.py compares it with the modules' kendall_aux_numel."""
-    return 2 * _n_total(n, m, direction) + 2
-
-
 def empty_outputs(sim: Tensor, direction: int, reduction: int, middle: Tensor) -> tuple:
     """The forward outputs of the Kendall kernels (kendall_sw's too), allocated for the kernel
     and by the fake forward alike: the loss ((queries,) for reduction "none", else a scalar), the
     op's own ``middle`` output, aux; in the accumulation type."""
     n, m = sim.shape
     acc = acc_dtype(sim.dtype)
-    loss = sim.new_empty((_n_total(n, m, direction),) if reduction == 0 else (), dtype=acc)
-    return loss, middle, sim.new_empty((aux_numel(n, m, direction),), dtype=acc)
+    loss = sim.new_empty((query_count(n, m, direction),) if reduction == 0 else (), dtype=acc)
+    return loss, middle, sim.new_empty((kendall_aux_numel(n, m, direction),), dtype=acc)
 
 
 # the fields of KendallForward / KendallBackward (kendall.h), in order
@@ -144,8 +133,14 @@ def kendall_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], alpha: fl
     NaN or inf in sim or relevance: ValueError on CPU by default (docs/spec.md §1); with the
     check off (CUDA default) the loss and gradient come back non-finite.
     """
+    return _kendall_loss(_check_hyper, sim, relevance, alpha, direction, reduction, impl, mask)
+
+
+def _kendall_loss(check_hyper, sim, relevance, alpha, direction, reduction, impl, mask):
+    """kendall_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     topk, (alpha, direction, reduction), impl = V.check_graded_inputs(
-        sim, relevance, mask, impl, _check_hyper, (alpha, direction, reduction))
+        sim, relevance, mask, impl, check_hyper, (alpha, direction, reduction))
     relevance = relevance.detach()
     if not has_native(sim.device, impl, "kendall_loss"):
         acc = acc_dtype(sim.dtype)
@@ -158,7 +153,8 @@ def kendall_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], alpha: fl
                    variant_codes()[1])
 
 
-class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"), check=_check_hyper):
+class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance", "mask"),
+                  check=_check_hyper, checked=_kendall_loss):
     """Module form of :func:`fastrank.kendall_loss`: ``loss = KendallLoss()(sim, relevance)``
     (or ``(sim, relevance, mask)`` for lists of different lengths)."""
 

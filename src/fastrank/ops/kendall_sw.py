@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import DTYPE_CODE, has_native
+from .._native import DTYPE_CODE, has_native, query_count
 from .._reduce import per_direction
 from ..reference.kendall_sw import edge_tensors, kendall_sw_per_query
 from ._floor import rw_bytes
 from ._launch import DIRECTION_CODE, REDUCTION_CODE, acc_dtype, kernel, kernel_relevance, mat
-from .kendall import _n_total, empty_outputs
+from .kendall import empty_outputs
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import NativeOp
@@ -42,7 +42,7 @@ def _forward(sim: Tensor, relevance: Tensor, alpha: float, beta: float, hi: floa
     accumulation dtype; any strides). Returns (loss, idx (n_total, n_w, 2) int32, aux), see kendall_sw.h."""
     n, m = sim.shape
     relevance = kernel_relevance(sim, relevance)
-    idx = torch.empty((_n_total(n, m, direction), n_w, 2), dtype=torch.int32, device=sim.device)
+    idx = torch.empty((query_count(n, m, direction), n_w, 2), dtype=torch.int32, device=sim.device)
     loss, idx, aux = empty_outputs(sim, direction, reduction, idx)
     _FORWARD(sim, n, m, direction, reduction, DTYPE_CODE[relevance.dtype], *mat(sim),
          *mat(relevance), alpha, beta, hi, n_w, loss.data_ptr(), idx.data_ptr(), aux.data_ptr())
@@ -60,7 +60,7 @@ def _backward(grad_loss: Tensor, sim: Tensor, idx: Tensor, aux: Tensor, directio
 
 
 def _fake_forward(sim, relevance, alpha, beta, hi, n_w, direction, reduction):
-    idx = torch.empty((_n_total(*sim.shape, direction), n_w, 2), dtype=torch.int32, device=sim.device)
+    idx = torch.empty((query_count(*sim.shape, direction), n_w, 2), dtype=torch.int32, device=sim.device)
     return empty_outputs(sim, direction, reduction, idx)
 
 
@@ -132,9 +132,15 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
     where the value check is on (CPU by default): NaN/inf, or a relevance outside
     label_range, raise ValueError.
     """
+    return _kendall_sw_loss(_check_hyper, sim, relevance, alpha, beta, label_range, direction, reduction, impl)
+
+
+def _kendall_sw_loss(check_hyper, sim, relevance, alpha, beta, label_range, direction, reduction, impl):
+    """kendall_sw_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     V.check_sim(sim, values=False)
     V.check_relevance(relevance, sim, values=False)
-    alpha, beta, label_range, direction, reduction = _check_hyper(alpha, beta, label_range, direction, reduction)
+    alpha, beta, label_range, direction, reduction = check_hyper(alpha, beta, label_range, direction, reduction)
     n_w = _check_windows(alpha, beta, label_range)
     impl = V.check_impl(impl)
     V.check_data(sim, relevance, label_range=label_range, loss="kendall_sw_loss")
@@ -153,7 +159,8 @@ def kendall_sw_loss(sim: Tensor, relevance: Tensor, alpha: float = 0.1, beta: fl
                       REDUCTION_CODE[reduction])
 
 
-class KendallSWLoss(ModuleForm, functional=kendall_sw_loss, inputs=("sim", "relevance"), check=_check_hyper):
+class KendallSWLoss(ModuleForm, functional=kendall_sw_loss, inputs=("sim", "relevance"),
+                    check=_check_hyper, checked=_kendall_sw_loss):
     """Module form of :func:`fastrank.kendall_sw_loss`: ``loss = KendallSWLoss()(sim, relevance)``."""
 
 

@@ -134,8 +134,14 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
     Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
     float32): a scalar, or (Q,) for "none".
     """
+    return _recall_at_k_loss(_check_hyper, sim, positives, ks, tau, tau_k, direction, reduction, impl, mask)
+
+
+def _recall_at_k_loss(check_hyper, sim, positives, ks, tau, tau_k, direction, reduction, impl, mask):
+    """recall_at_k_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     positives, (ks, tau, tau_k, direction, reduction), native = SR.checked_inputs(
-        sim, positives, mask, impl, "recall_at_k_loss", _check_hyper, ks, tau, tau_k, direction, reduction)
+        sim, positives, mask, impl, "recall_at_k_loss", check_hyper, ks, tau, tau_k, direction, reduction)
     if native:
         return RECALL_AT_K(sim, positives, mask, [float(k) for k in ks], [float(t) for t in tau_k], tau,
                            DIRECTION_CODE[direction], REDUCTION_CODE[reduction], variant_codes()[0])
@@ -143,7 +149,7 @@ def recall_at_k_loss(sim: Tensor, positives: Optional[Tensor] = None,
 
 
 class RecallAtKLoss(ModuleForm, functional=recall_at_k_loss, inputs=("sim", "positives", "mask"),
-                    check=_check_hyper):
+                    check=_check_hyper, checked=_recall_at_k_loss):
     """Module form of :func:`fastrank.recall_at_k_loss`:
     ``loss = RecallAtKLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
 

@@ -90,15 +90,22 @@ def smooth_ap_loss(sim: Tensor, positives: Optional[Tensor] = None, tau: float =
     Returns the loss in float32 (float64 for float64 sim; half inputs are computed in
     float32): a scalar, or (Q,) for "none".
     """
+    return _smooth_ap_loss(_check_hyper, sim, positives, tau, direction, reduction, impl, mask)
+
+
+def _smooth_ap_loss(check_hyper, sim, positives, tau, direction, reduction, impl, mask):
+    """smooth_ap_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     positives, (tau, direction, reduction), native = SR.checked_inputs(
-        sim, positives, mask, impl, "smooth_ap_loss", _check_hyper, tau, direction, reduction)
+        sim, positives, mask, impl, "smooth_ap_loss", check_hyper, tau, direction, reduction)
     if native:
         return SMOOTH_AP(sim, positives, mask, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
                          variant_codes()[0])
     return _reference(sim, positives, tau, direction, reduction, mask)
 
 
-class SmoothAPLoss(ModuleForm, functional=smooth_ap_loss, inputs=("sim", "positives", "mask"), check=_check_hyper):
+class SmoothAPLoss(ModuleForm, functional=smooth_ap_loss, inputs=("sim", "positives", "mask"),
+                   check=_check_hyper, checked=_smooth_ap_loss):
     """Module form of :func:`fastrank.smooth_ap_loss`:
     ``loss = SmoothAPLoss()(sim)``, ``(sim, positives)`` or ``(sim, positives, mask=mask)``."""
 

@@ -16,7 +16,7 @@ from typing import List, Optional, Union
 from torch import Tensor
 
 from .. import _validation as V
-from .._native import acc_dtype, has_native, variant_codes
+from .._native import acc_dtype, has_native, query_count, smooth_rank_ws_numel, variant_codes
 from .._reduce import directions, orient, reduce
 from ..reference.smooth_ndcg import smooth_ndcg_per_query
 from ..topk import TopKRelevance
@@ -28,9 +28,6 @@ from ._launch import (DIRECTION_CODE, REDUCTION_CODE, cuda_kernels, dense_from_l
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
-
-
-_sizes = _smooth_rank.sizes  # the smooth-rank engine's workspace (csrc/include/fastrank/smooth_rank.h)
 
 
 # the fields of SmoothNdcgForward / SmoothNdcgBackward (smooth_ndcg.h), in order
@@ -54,9 +51,8 @@ def _forward(sim: Tensor, relevance: Optional[Tensor], mask: Optional[Tensor], l
     # relevance in sim's dtype or the accumulation type (never rounded to half precision); lists
     # are read as they are by the CPU kernels and CUDA version 2: the (n, m) matrix is never made
     rel_dt, rel, rel_lists, _held = relevance_args(s, relevance, lists)
-    q, ws_numel = _sizes(n, m, direction)
-    out = s.new_empty((q,) if reduction == 0 else (), dtype=acc)
-    ws = s.new_empty((ws_numel,), dtype=acc)
+    out = s.new_empty((query_count(n, m, direction),) if reduction == 0 else (), dtype=acc)
+    ws = s.new_empty((smooth_rank_ws_numel(n, m, direction),), dtype=acc)
     part = s.new_empty((module_for(s).smooth_ndcg_partials_numel(n, m, direction),), dtype=acc) if cuda else None
     _FORWARD(s, n, m, direction, reduction, rel_dt, *mat(s), *rel, *mask_args(mask), *rel_lists, version, paths, tau,
              int(with_grad), out.data_ptr(), ws.data_ptr(), 0 if part is None else part.data_ptr())
@@ -71,10 +67,7 @@ def _backward(grad_out: Tensor, sim: Tensor, mask: Optional[Tensor], ws: Tensor,
 
 
 def _fake_forward(sim, relevance, mask, lists, tau, direction, reduction, version, paths):
-    acc = acc_dtype(sim.dtype)
-    q, ws_numel = _sizes(sim.shape[0], sim.shape[1], direction)
-    return (sim.new_empty((q,) if reduction == 0 else (), dtype=acc),
-            sim.new_empty((ws_numel,), dtype=acc))
+    return _smooth_rank.fake_forward(sim, direction, reduction)
 
 
 # the custom ops fastrank::smooth_ndcg -> (loss, ws) and fastrank::smooth_ndcg_backward,
@@ -146,20 +139,26 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: 
     with ``FASTRANK_CHECK_FINITE=1``): NaN/inf in sim or relevance, or a negative
     relevance (every entry, masked ones included), raise ValueError.
     """
+    return _smooth_ndcg_loss(_check_hyper, sim, relevance, tau, direction, reduction, impl, mask)
+
+
+def _smooth_ndcg_loss(check_hyper, sim, relevance, tau, direction, reduction, impl, mask):
+    """smooth_ndcg_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
     topk, (tau, direction, reduction), impl = V.check_graded_inputs(
-        sim, relevance, mask, impl, _check_hyper, (tau, direction, reduction), relevance_min=0.0,
+        sim, relevance, mask, impl, check_hyper, (tau, direction, reduction), relevance_min=0.0,
         loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
     if topk:
-        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance.detach(), direction, cuda_kernels(sim)), tau,
+        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance, direction, cuda_kernels(sim)), tau,
                            DIRECTION_CODE[direction], REDUCTION_CODE[reduction], *variant_codes())
     return SMOOTH_NDCG(sim, relevance, mask, [], tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
                        *variant_codes())
 
 
 class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "relevance", "mask"),
-                     check=_check_hyper):
+                     check=_check_hyper, checked=_smooth_ndcg_loss):
     """Module form of :func:`fastrank.smooth_ndcg_loss`:
     ``loss = SmoothNDCGLoss()(sim, relevance)`` or ``(sim, relevance, mask=mask)``."""
 

@@ -59,7 +59,7 @@ from .relevance_source import CaptionRelevance, takes_topk
 from .signals import STOP_SIGNALS, StopSignals, TrainingInterrupted
 from .state import CHECKPOINT_FORMAT, TrainingState, model_from_checkpoint
 
-# the names this module held before the trainer's parts had files of their own stay importable
+# the trainer and the pieces a run is made of, importable from this module too
 __all__ = ["Trainer", "load_datasets", "build_model", "epoch_batches", "seed_everything",
            "model_from_checkpoint", "evaluate_checkpoint", "CHECKPOINT_FORMAT", "TrainingInterrupted",
            "STOP_SIGNALS", "DEMO_PIXELS"]
