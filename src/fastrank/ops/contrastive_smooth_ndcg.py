@@ -110,8 +110,13 @@ def both_terms(img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, 
     if not has_native(img.device, impl, "smooth_ndcg_loss"):
         return _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction, reduction)
     t2i_pairs = (pos, torch.arange(img.shape[0], device=img.device))
-    per_query, ranked = terms(img, txt, txt, img, scale, bias, pos, t2i_pairs, relevance_lists(relevance.detach(),
-                              direction), contrastive, tau, direction, block or 0)
+    # the blocks compute in the accumulation dtype anyway; upcast here, each embedding once, so
+    # that its two gradients (queries of one pass, documents of the other) are summed there and
+    # rounded to a half dtype once, not each rounded and then summed in it
+    acc = acc_dtype(img.dtype)
+    a, b = img.to(acc), txt.to(acc)
+    per_query, ranked = terms(a, b, b, a, scale, bias, pos, t2i_pairs, relevance_lists(relevance.detach(), direction),
+                              contrastive, tau, direction, block or 0)
     return reduce([per_query], reduction), reduce(ranked, reduction)
 
 
