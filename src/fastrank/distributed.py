@@ -252,6 +252,7 @@ def local_contrastive_smooth_ndcg_loss(img_local: Tensor, txt_local: Tensor, rel
     taking its rows and its columns. The other arguments are the single-process function's.
     """
     from .ops import contrastive_smooth_ndcg as CS
+    from .ops._launch import relevance_lists
     contrastive, weight, tau, direction, reduction, block = CS._check_hyper(contrastive, weight, tau, direction,
                                                                             reduction, block)
     V.check_embedding_pair(img_local, "img_local", txt_local, "txt_local", same_dtype=True)
@@ -265,7 +266,8 @@ def local_contrastive_smooth_ndcg_loss(img_local: Tensor, txt_local: Tensor, rel
     scale, bias, _ = CS.check_inputs(img_all, txt_all, relevance, logit_scale, logit_bias, None, contrastive)
     n, m, o = img_all.shape[0], txt_all.shape[0], rank * bi
     own = torch.arange(o, o + bi, device=img_local.device)
-    lists = [*relevance.rows_of(o, o + bi).row_lists(), *relevance.columns_of(o, o + bt).column_lists()]
+    rows = relevance_lists(relevance.rows_of(o, o + bi), "i2t")[:3]   # this rank's image rows
+    lists = [*rows, *relevance.columns_of(o, o + bt).column_lists()]
     per_query, ranked = CS.terms(img_local, txt_all, txt_local, img_all, scale, bias, own,
                                  (torch.arange(bt, device=own.device), own), lists, contrastive, tau, direction,
                                  block or 0)
