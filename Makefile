@@ -36,12 +36,10 @@ $(VENV)/bin/python:
 # native build serves make test, make demo and make test-wheel (a build from the source tree,
 # `pip install .`, is what tests/test_build.py checks, in make test-slow). The wheel is
 # reinstalled when it was rebuilt (same version, so --force-reinstall, without its dependencies).
-# --no-compile: pip does not byte-compile the thousands of modules of torch and the test extra
-# (a minute of the install on two cores); Python compiles those a run imports.
 $(STAMP): $(VENV)/bin/python $(WHEEL_FILE)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH)"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
-	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q --no-compile "$$(cat $(WHEEL_FILE))[test]"
+	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q "$$(cat $(WHEEL_FILE))[test]"
 	$(PY) -m pip install -q --no-deps --force-reinstall "$$(cat $(WHEEL_FILE))"
 	$(PY) -m pip install -q --no-deps open_clip_torch   # open_clip's loss.py for the parity tests (--no-deps: its torchvision breaks beside this torch)
 	@touch $(STAMP)
