@@ -389,14 +389,20 @@ def embedding_loss(row: Loss) -> Op:
 
 def contrastive_inputs(row_name):
     """img, txt (n = m, d = 64, unit rows; the diagonal positives) and the learnable logit scale
-    (CLIP's initial 1 / 0.07), with SigLIP's initial bias -10."""
+    (CLIP's initial 1 / 0.07), with SigLIP's initial bias -10; for the combined loss, the
+    smooth-NDCG term's TopKRelevance of 8 graded captions an image."""
     def inputs(size, device, dtype, requires_grad):
         out = {name: torch.nn.functional.normalize(torch.randn(size[k], EMB_D, device=device), dim=1).to(dtype)
                for name, k in (("img", "n"), ("txt", "m"))}
         out["logit_scale"] = torch.tensor(1 / 0.07, device=device)
         if row_name == "siglip_from_embeddings":
             out["logit_bias"] = torch.tensor(-10.0, device=device)
-        return {k: v.requires_grad_(requires_grad) for k, v in out.items()}
+        out = {k: v.requires_grad_(requires_grad) for k, v in out.items()}
+        if row_name == "contrastive_smooth_ndcg_from_embeddings":
+            n, m = size["n"], size["m"]
+            idx = torch.argsort(torch.rand(n, m, device=device), dim=1)[:, :min(EMB_K, m)]
+            out["relevance"] = fastrank.TopKRelevance(idx, torch.rand(idx.shape, device=device).to(dtype), m)
+        return out
     return inputs
 
 
@@ -446,7 +452,8 @@ def _triplet(mining):
 # Ops whose benchmark is not a loss call of the default shape (their whole Op above).
 CUSTOM: Dict[str, Op] = {op.name: op for op in (
     FAST_RERANK, FAST_RERANK_TOPK, SMOOTH_AP_CLASSES,
-    *(contrastive_loss(LOSSES[name]) for name in ("info_nce_from_embeddings", "siglip_from_embeddings")))}
+    *(contrastive_loss(LOSSES[name]) for name in ("info_nce_from_embeddings", "siglip_from_embeddings",
+                                                  "contrastive_smooth_ndcg_from_embeddings")))}
 
 # With a time limit, what comes first is what gets measured: these first, then every other
 # native op of the table in its order, then the PyTorch losses.
