@@ -35,12 +35,12 @@ $(VENV)/bin/python:
 # The package tested is the wheel users install (make wheel, below), with the test extra: one
 # native build serves make test, make demo and make test-wheel (a build from the source tree,
 # `pip install .`, is what tests/test_build.py checks, in make test-slow). The wheel is
-# reinstalled when it was rebuilt (same version, so --force-reinstall, without its dependencies).
+# reinstalled when it was rebuilt (same version, so the installed one is removed first: one install).
 $(STAMP): $(VENV)/bin/python $(WHEEL_FILE)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
+	$(PY) -m pip uninstall -q -y fastrank
 	PIP_CONSTRAINT=$(VENV)/constraints.txt $(PY) -m pip install -q "$$(cat $(WHEEL_FILE))[test]"
-	$(PY) -m pip install -q --no-deps --force-reinstall "$$(cat $(WHEEL_FILE))"
 	$(PY) -m pip install -q --no-deps open_clip_torch   # open_clip's loss.py for the parity tests (--no-deps: its torchvision breaks beside this torch)
 	@touch $(STAMP)
 
@@ -117,7 +117,7 @@ $(WHEEL_FILE): $(WHEEL_STAMP) $(SOURCES)
 	@cat $(WHEEL_FILE)
 
 # The wheel installed as a user installs it, tested: .ci/test-wheel (a fresh venv, no compiler
-# on PATH, the source tree not importable: the tests marked wheel, every CPU level among them).
+# on PATH, the source tree not importable: the tests marked wheel, each CPU level picked).
 test-wheel: $(WHEEL_FILE)
 	.ci/test-wheel "$$(cat $(WHEEL_FILE))"
 
