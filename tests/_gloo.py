@@ -18,7 +18,8 @@
 - ``spawn(worker, args, nprocs)``: ``torch.multiprocessing.spawn``, joined; a rank's error is
   re-raised as usual. A hung rank is the test run's own timeout to end (pytest-timeout,
   ``timeout`` in pyproject.toml, which fails the test in its main thread): on the way out the
-  ranks still running print every thread's stack and are killed, so none outlives the test.
+  ranks still running print every thread's stack one at a time (they share stderr) and are
+  killed, so none outlives the test.
   No test here measures time.
 """
 from __future__ import annotations
@@ -77,9 +78,8 @@ def spawn(worker, args: tuple, nprocs: int) -> None:
         while not ctx.join(timeout=1.0):      # raises if a rank failed
             pass
     finally:                                  # the test failed or timed out with ranks running
-        alive = [p for p in ctx.processes if p.is_alive()]
-        for p in alive:
-            os.kill(p.pid, signal.SIGUSR1)
-        for p in alive:
-            p.join(timeout=2.0)               # its stack printed (it keeps running: SIGUSR1 only dumps)
-            p.kill()
+        for p in [p for p in ctx.processes if p.is_alive()]:   # one at a time: the ranks share
+            os.kill(p.pid, signal.SIGUSR1)                      # stderr, and two dumps at once
+            p.join(timeout=2.0)               # interleave line by line (it keeps running: SIGUSR1
+            p.kill()                          # only dumps its stack)
+            p.join()
