@@ -275,27 +275,28 @@ def test_a_kernel_relying_on_exact_special_functions_fails(selftest_library):
 
 # ---- seeded mutations -------------------------------------------------------------------------
 MUTATIONS = {
-    # a removed barrier: the rank pass's rounds overlap (two warps add into one tile's sums)
-    "removed barrier": ("cuda/smooth_ndcg.cu",
-                        "        tile_pair<false, false>(ta, tb, c2, w, buf);\n      }\n    }\n    __syncthreads();",
-                        "        tile_pair<false, false>(ta, tb, c2, w, buf);\n      }\n    }",
-                        "test_smooth_ndcg.py", "values_and_gradients"),
+    # Each mutation lies in one kernel's own .cu file, the cheapest to compile (a header's edit
+    # changes every kernel's cache key and rebuilds them all; smooth_ndcg.cu alone is the longest).
+    # a removed barrier: kendall's dense walk reads the staged chunk before every thread wrote it
+    "removed barrier": ("cuda/kendall.cu",
+                        "ra_k[t] = r[c0 + t] + alpha;  // NaN outside the list: in no active pair\n      }\n"
+                        "      __syncthreads();\n",
+                        "ra_k[t] = r[c0 + t] + alpha;  // NaN outside the list: in no active pair\n      }\n",
+                        "test_kendall.py", "values_and_gradients"),
     # an off-by-one bound: one candidate past the staged chunk
     "off-by-one bound": ("cuda/kendall.cu", "for (int t = 0; t < cn; ++t) {", "for (int t = 0; t <= cn; ++t) {",
                          "test_kendall.py", "values_and_gradients"),
-    # a wrong shuffle offset: fast_rerank's row sums of exp stop at half warps (in fast_rerank.cu
-    # itself, so that only that kernel is rebuilt: the same bug in common.h's warp_sum rebuilds
-    # every kernel, the longest of the four by far)
+    # a wrong shuffle offset: fast_rerank's row sums of exp stop at half warps
     "wrong shuffle offset": ("cuda/fast_rerank.cu",
                              "s += exp_nonpos(l1 * tile[r][q] - mm);\n          s = warp_sum(s);",
                              "s += exp_nonpos(l1 * tile[r][q] - mm);\n"
                              "          for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);",
                              "test_fast_rerank.py", "values_and_gradients"),
-    # a wrong stride: the t2i lists read sim through the i2t strides
-    "wrong stride": ("cuda/graded_list.cuh",
-                     "ListRef{q, p.sim.s1, p.sim.s0, p.rel.s1",
-                     "ListRef{q, p.sim.s0, p.sim.s1, p.rel.s1",
-                     "test_smooth_ndcg.py", "values_and_gradients"),
+    # a wrong stride: fast_rerank's forward reads sim's rows through its column stride
+    "wrong stride": ("cuda/fast_rerank.cu",
+                     "sim_sr = p.sim.s0, sim_sc = p.sim.s1;",
+                     "sim_sr = p.sim.s1, sim_sc = p.sim.s0;",
+                     "test_fast_rerank.py", "values_and_gradients"),
 }
 
 
