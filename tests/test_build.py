@@ -5,13 +5,13 @@ process and running a native op on CPU):
 
 1. ``pip install .``                       (isolated build, from scratch; ``python -m fastrank info``
                                             from the checkout's root then reports the installed build)
-2. ``pip install .`` again                 (used to fail: the CMake cache named the deleted
+2. touch a kernel, ``pip install .``        (only that kernel recompiles; a second install in one
+                                            checkout used to fail: the CMake cache named the deleted
                                             ninja of the first build's isolated environment)
-3. touch a kernel, ``pip install .``        (only that kernel recompiles)
-4. ``pip install -e .``                    (editable: imports the checkout's src/fastrank/)
-5. edit the bindings and a kernel, ``python setup.py build_ext --inplace``: the edit is
-   imported
-6. ``pip install --no-build-isolation .``
+3. edit the bindings and a kernel, ``pip install -e .`` (editable: imports the checkout's
+   src/fastrank/ and the edit, and reuses the build directory: only that kernel recompiles)
+4. edit them again, ``python setup.py build_ext --inplace``: the edit is imported
+5. ``pip install --no-build-isolation .``
 
 and, separately, ``python -m build --sdist`` installed into a fresh virtualenv with
 ``FASTRANK_CPU_NATIVE=1`` (the ``native`` level alone: one level, the cheapest whole build).
@@ -195,48 +195,46 @@ def test_repeated_installs_in_one_checkout(tmp_path):
     assert "baseline" in levels and (platform.machine() not in ("x86_64", "AMD64") or len(levels) == 3), objs1
     assert {o.split("/")[1].split(".")[0] for o in objs1} == {k.stem for k in kernels}, objs1
 
-    # 2. again: nothing of the kernels is recompiled
-    run("2. pip install . again", [*pip, "install", "."], src, env)
-    installed(check_import(python, tmp_path, env, "2"))
-    assert kernel_objects(src) == objs1
-
-    # 3. a touched kernel: that one recompiles, and only that one
+    # 2. a touched kernel, installed again: that one recompiles, and only that one
     touched = kernels[0]
     touched.touch()
-    run(f"3. touch {touched.name}, pip install .", [*pip, "install", "."], src, env)
-    installed(check_import(python, tmp_path, env, "3"))
-    objs3 = kernel_objects(src)
-    changed = {o for o in objs3 if objs3[o] != objs1[o]}
+    run(f"2. touch {touched.name}, pip install .", [*pip, "install", "."], src, env)
+    installed(check_import(python, tmp_path, env, "2"))
+    objs2 = kernel_objects(src)
+    changed = {o for o in objs2 if objs2[o] != objs1[o]}
     assert changed == {f"{level}/{touched.name}.o" for level in levels}, changed
 
-    # 4. editable: the checkout's package, with its modules next to the sources
-    run("4. pip install -e .", [*pip, "install", "-e", "."], src, env)
-    info = check_import(python, tmp_path, env, "4")
-    assert Path(info["package"]) == src / "src" / "fastrank" / "__init__.py", info
-    assert Path(info["module"]).parent == src / "src" / "fastrank", info
-    assert kernel_objects(src) == objs3  # the editable build reused the build directory
-
-    # 5. the contributor's loop: edit, rebuild in place, and the edit is what is imported
-    # (into this virtualenv itself, as a contributor has them: the view of the parent's
-    # packages lacks their executables in bin/)
-    run("5a. build requirements", [*pip, "install", "--ignore-installed", "setuptools>=77",
-                                   "pybind11>=2.11", "cmake>=3.26", "ninja"], src, env)
+    # 3. editable, after an edit of the bindings and a kernel: the checkout's package, with its
+    # modules next to the sources, holds the edit; the build directory is reused (only the
+    # edited kernel recompiles)
     set_probe(src, 1)
     other = kernels[1]
     other.write_text(other.read_text() + "\n// edited by test_build.py\n")
-    run("5b. edit, python setup.py build_ext --inplace",
-        [python, "setup.py", "build_ext", "--inplace"], src, env)
-    info = check_import(python, tmp_path, env, "5b")
-    assert info["probe"] == 1 and Path(info["module"]).parent == src / "src" / "fastrank", info
-    objs5 = kernel_objects(src)
-    assert {o for o in objs5 if objs5[o] != objs3[o]} == {f"{level}/{other.name}.o" for level in levels}
-    set_probe(src, 2)
-    run("5c. edit again, pip install -e .", [*pip, "install", "-e", "."], src, env)
-    assert check_import(python, tmp_path, env, "5c")["probe"] == 2
+    run("3. edit, pip install -e .", [*pip, "install", "-e", "."], src, env)
+    info = check_import(python, tmp_path, env, "3")
+    assert Path(info["package"]) == src / "src" / "fastrank" / "__init__.py", info
+    assert Path(info["module"]).parent == src / "src" / "fastrank", info
+    assert info["probe"] == 1, info
+    objs3 = kernel_objects(src)
+    assert {o for o in objs3 if objs3[o] != objs2[o]} == {f"{level}/{other.name}.o" for level in levels}
 
-    # 6. without build isolation (the build requirements of this environment)
-    run("6. pip install --no-build-isolation .", [*pip, "install", "--no-build-isolation", "."], src, env)
-    info = check_import(python, tmp_path, env, "6")
+    # 4. the contributor's loop: edit, rebuild in place, and the edit is what is imported
+    # (into this virtualenv itself, as a contributor has them: the view of the parent's
+    # packages lacks their executables in bin/)
+    run("4a. build requirements", [*pip, "install", "--ignore-installed", "setuptools>=77",
+                                   "pybind11>=2.11", "cmake>=3.26", "ninja"], src, env)
+    set_probe(src, 2)
+    other.write_text(other.read_text() + "// edited again by test_build.py\n")
+    run("4b. edit again, python setup.py build_ext --inplace",
+        [python, "setup.py", "build_ext", "--inplace"], src, env)
+    info = check_import(python, tmp_path, env, "4b")
+    assert info["probe"] == 2 and Path(info["module"]).parent == src / "src" / "fastrank", info
+    objs4 = kernel_objects(src)
+    assert {o for o in objs4 if objs4[o] != objs3[o]} == {f"{level}/{other.name}.o" for level in levels}
+
+    # 5. without build isolation (the build requirements of this environment)
+    run("5. pip install --no-build-isolation .", [*pip, "install", "--no-build-isolation", "."], src, env)
+    info = check_import(python, tmp_path, env, "5")
     installed(info)
     assert info["probe"] == 2 and info["isa"] in levels and info["compiler"].split(", ")[1].startswith(info["isa"])
     print_timings()
