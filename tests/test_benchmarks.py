@@ -509,14 +509,15 @@ def test_a_case_whose_optional_dependency_is_missing_is_skipped_or_refused(bench
     assert case.lacks() is None
 
 
-@pytest.mark.slow  # a native build: the driver compiled against every CPU kernel's header
-def test_the_kernel_driver_builds_against_this_checkout(bench, tmp_path):
+@pytest.mark.slow  # the quick run of every case: the cpu_kernels case compiles the driver
+def test_the_kernel_driver_builds_against_this_checkout(bench, quick_run):
     """benchmarks/cpu_driver.cpp calls the CPU kernels through their parameter structs: a
-    struct renamed or moved must break this test, not turn the cpu_kernels case into skips."""
+    struct renamed or moved must fail this test, not turn the cpu_kernels case into skips
+    (the quick run built the driver against this checkout and timed every kernel through it)."""
     import shutil
-    from benchmarks.cases import cpu_kernels
     if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler")
-    exe = cpu_kernels.build(cpu_kernels.CSRC, tmp_path / "driver")
-    out = cpu_kernels.run_driver(exe, "kendall_sw", 16, 2, 2, 1)
-    assert set(out) == {"forward", "backward"} and all(len(v) == 2 and min(v) > 0 for v in out.values()), out
+    _, _, payloads = quick_run
+    driven = [r for r in payloads["cpu_kernels"][1]["results"] if r["impl"] == "kernel"]
+    assert {r["op"] for r in driven} == set(bench.cases.cpu_kernels.OPS), driven
+    assert all(r["status"] == "ok" and r["time"]["min_s"] > 0 for r in driven), driven
