@@ -271,7 +271,7 @@ def _hang(rank, port, pids):
             time.sleep(3600)
 
 
-@pytest.mark.timeout(60)   # ample for two ranks to start (import torch) and meet, on a loaded machine
+@pytest.mark.timeout(30)   # ample for two ranks to start (import torch: 6 s quiet) and meet, on a loaded machine
 def test_hung():
     _gloo.spawn(_hang, (_gloo.free_port(), sys.argv[-1] + ".pids"), 2)
 """
