@@ -5,10 +5,14 @@ Two passes, each over blocks of its queries: the rows pass takes ``block`` image
 time, ``G = img_q[b] @ txt_all.T`` (block x m), and feeds it to InfoNCE's row logsumexp (or the
 SigLIP terms of those rows) and to smooth-NDCG's i2t kernels; the columns pass takes ``block``
 caption queries, ``G = txt_q[b] @ img_all.T`` (block x n), for InfoNCE's column logsumexp and
-smooth-NDCG's t2i kernels. One matmul a block a pass serves both terms; the backward makes each
-block again, adds the two terms' gradients of G (``logit_scale * d contrastive / d logits +
-d smooth-NDCG / d G``) and does the block's two gradient matmuls once. The (n, m) matrix and its
-gradient are never held: memory O((n + m) * dim + block * max(n, m) + nnz).
+smooth-NDCG's t2i kernels. One matmul a block a pass serves both terms. A block's gradient adds
+the two terms' gradients of G (``logit_scale * d contrastive / d logits + d smooth-NDCG / d G``)
+and does the block's two gradient matmuls once: given the per-query outputs' weights (the
+reduction's: fused, as Liger-Kernel's fused linear cross-entropy) the forward does it while G is
+in hand, since a block holds whole rows (3 matmuls a block a pass, the backward scaling the made
+gradients); without, the backward makes each block again. The (n, m) matrix and its gradient
+are never held: memory O((n + m) * dim + block * max(n, m) + nnz), the made gradients the
+embeddings' size.
 
 The queries and the candidates are separate inputs so that a rank of a data-parallel job can
 score its own queries against the gathered batch (fastrank.distributed): a single process
@@ -18,8 +22,10 @@ smooth-NDCG's per-query losses.
 
 Two custom ops, with their fakes and autograd (torch.compile(fullgraph=True) runs them):
 ``fastrank::contrastive_ranking_from_embeddings`` (img_q, txt_all, txt_q, img_all, scale, bias,
-positives, lists -> the rows' term (InfoNCE: logsumexp; SigLIP: loss), the columns' logsumexp,
-smooth-NDCG's per-query losses, i2t first) and its ``_backward``. ``contrastive``: "info_nce" or
+positives, lists, weights -> the rows' term (InfoNCE: logsumexp; SigLIP: loss), the columns'
+logsumexp, smooth-NDCG's per-query losses, i2t first; the weighted total and its gradients when
+``weights`` = [w_row, w_col, w_ndcg] is given: then only the total is differentiable) and its
+``_backward`` (the unfused gradients). ``contrastive``: "info_nce" or
 "siglip"; ``direction``: 1 = i2t, 2 = t2i, 3 = both (of InfoNCE's logsumexps and smooth-NDCG;
 SigLIP's terms are the rows pass's whatever the direction); ``lists``: the rows' (i2t) and the
 columns' (t2i) Lists of the relevance, flattened.

@@ -4,9 +4,12 @@ SigLipLoss) + ``weight * smooth_ndcg_loss(img @ txt.T, relevance)``, each block'
 made once for both terms and the (n, m) matrix never held.
 
 Python -> two custom ops (src/fastrank/ops/_contrastive_listwise_blocks.py): per block of queries
-one matmul, InfoNCE's logsumexp (or SigLIP's terms) and smooth-NDCG's kernels on it, recomputed
-in the backward. The positives' logits and the reduction are done here, on the per-query losses;
-fastrank.distributed calls the same terms with a rank's own queries.
+one matmul, InfoNCE's logsumexp (or SigLIP's terms) and smooth-NDCG's kernels on it. Where a
+gradient is wanted the reduced loss (:func:`loss`) passes the reduction's weights and the op makes
+the gradients in the forward, block by block (fused: three matmuls a block a pass, the backward
+scaling them); the per-query terms (:func:`terms`, :func:`both_terms`) make each block again in
+the backward. The positives' logits are done here, in plain PyTorch; fastrank.distributed calls
+the same :func:`loss` with a rank's own queries.
 """
 from __future__ import annotations
 
