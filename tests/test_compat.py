@@ -418,6 +418,33 @@ def test_clip_loss_from_embeddings_equals_the_matrix_path(block):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_clip_loss_from_embeddings_fuses_its_gradients():
+    """The scalar from_embeddings call makes its gradients in the forward (the combined loss's
+    fused path): its backward calls no fastrank op; output_dict's two parts, each with its own
+    upstream gradient, make the blocks again in the backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FastrankOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "fastrank":
+                self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+    img, txt, _ = clip_case(n=6, d=4, seed=4)
+    top = fastrank.TopKRelevance.from_dense(torch.eye(6, dtype=img.dtype), 1)
+    loss = ClipLoss(listwise_weight=0.5, tau=0.05, from_embeddings=True, block=4)
+    a, b = img.clone().requires_grad_(), txt.clone().requires_grad_()
+    for output_dict, backward_ops in ((False, []), (True, ["contrastive_ranking_from_embeddings_backward"])):
+        out = loss(a, b, 7.0, output_dict=output_dict, relevance=top)
+        total = sum(out.values()) if output_dict else out
+        with FastrankOps() as seen:
+            total.backward()
+        assert seen.ops == backward_ops
+
+
 def test_clip_loss_from_embeddings_bad_input():
     img, txt, scale = clip_case(n=6, d=4, seed=3)
     with pytest.raises(ValueError, match="^from_embeddings=True .* needs listwise='smooth_ndcg'"):

@@ -2,7 +2,9 @@
 (value and every gradient, float64) to open_clip's ClipLoss / SigLipLoss plus
 fastrank.smooth_ndcg_loss on img @ txt.T, and to the separate losses on the full matrix for
 n != m, every direction, block sizes that do not divide n, B = 1, ties and an all-zero relevance;
-one matmul a block a pass for both terms; never the (n, m) matrix; the CUDA test matrix case. The
+with a gradient wanted, the gradients made in the forward (three matmuls a block a pass, none in
+the backward: the fused path) and checked by gradcheck; the per-query terms' and the two terms
+apart's gradients (the blocks made again); never the (n, m) matrix; the CUDA test matrix case. The
 contract (opcheck, torch.compile fullgraph, gradcheck float64, determinism, module form, bad
 input) is tests/test_contract.py's."""
 import pytest
@@ -145,20 +147,40 @@ def test_weight_zero_is_the_contrastive_loss():
 
 # ---------------------------------------------------------------- one matmul a block a pass; never the matrix
 class CountMatmuls(TorchDispatchMode):
+    """The matmuls seen (not those inside a custom op: its body runs below the mode) and the
+    fastrank ops called: (name, given weights: fused)."""
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.count, self.ops = 0, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
             self.count += 1
+        if func.namespace == "fastrank":
+            name = func.overloadpacket.__name__
+            self.ops.append((name, bool(args[8]) if name == "contrastive_ranking_from_embeddings" else None))
         return func(*args, **(kwargs or {}))
 
 
+def called(fn, *inputs):
+    """(the fastrank ops the forward calls, those the backward calls, its matmuls) of the scalar
+    ``fn(*inputs)``."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    with CountMatmuls() as forward:
+        out = fn(*leaves)
+    with CountMatmuls() as backward:
+        out.backward()
+    return forward.ops, backward.ops, backward.count
+
+
+OP, BACKWARD = "contrastive_ranking_from_embeddings", "contrastive_ranking_from_embeddings_backward"
+
+
 @pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
-def test_one_matmul_a_block_a_pass_for_both_terms(contrastive):
-    """Forward: one matmul a block of each pass (images against captions, captions against
-    images) serves both terms; backward: that block again and its two gradient matmuls."""
+def test_one_matmul_a_block_a_pass_or_three_fused(contrastive):
+    """The sweep of blocks: one matmul a block of each pass (images against captions, captions
+    against images) serves both terms; with upstream weights, that block's two gradient matmuls
+    more (fused in the forward, or the backward's blocks made again)."""
     from fastrank.ops import _contrastive_listwise_blocks as B
     from fastrank.ops._launch import relevance_lists
     n, m, block = 10, 7, 3
@@ -166,18 +188,93 @@ def test_one_matmul_a_block_a_pass_for_both_terms(contrastive):
     s, b = torch.tensor(3.0, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float64)
     lists = relevance_lists(rel, "both")
     blocks = -(-n // block) + -(-m // block)
+    args = (img, txt, txt, img, s, b, positives, lists)
     with CountMatmuls() as forward:
-        row, col, ndcg = B.forward(img, txt, txt, img, s, b, positives, lists, contrastive, 0.1, 3, block)
+        values = B.forward_or_fused(*args, [], contrastive, 0.1, 3, block)[:3]
+    weights = [torch.ones_like(v) for v in values]
+    with CountMatmuls() as fused:
+        B.forward_or_fused(*args, weights, contrastive, 0.1, 3, block)
     with CountMatmuls() as backward:
-        B.gradients(torch.ones_like(row), torch.ones_like(col), torch.ones_like(ndcg), img, txt, txt, img, s, b,
-                    positives, lists, row, col, contrastive, 0.1, 3, block)
-    assert (forward.count, backward.count) == (blocks, 3 * blocks)
+        B.sweep(*args, contrastive, 0.1, 3, block, weights, False)
+    assert (forward.count, fused.count, backward.count) == (blocks, 3 * blocks, 3 * blocks)
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_the_combined_loss_fuses_where_a_gradient_is_wanted(contrastive):
+    """With a gradient wanted the combined loss calls the op fused (gradients made in the
+    forward) and its backward calls no op and no matmul (it scales them); under no_grad the op
+    unfused; the two terms taken apart (both_terms, each its own upstream gradient) unfused, the
+    backward making the blocks again."""
+    from fastrank.ops.contrastive_smooth_ndcg import both_terms
+    img, txt, rel, positives = inputs(10, 7, seed=6)
+    fn = combined(contrastive, rel, positives, tau=0.1, block=3)
+    assert called(fn, img, txt, *scalars(contrastive)) == ([(OP, True)], [], 0)
+    with torch.no_grad(), CountMatmuls() as no_grad:
+        fn(img, txt, *scalars(contrastive))
+    assert no_grad.ops == [(OP, False)]
+    bias = {"logit_bias": scalars(contrastive)[1]} if contrastive == "siglip" else {}
+
+    def apart(a, b, s):
+        c, r = both_terms(a, b, rel, s, positives=positives, contrastive=contrastive, tau=0.1, block=3, **bias)
+        return c + r
+    assert called(apart, img, txt, scalars(contrastive)[0])[:2] == ([(OP, False)], [(BACKWARD, None)])
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+@pytest.mark.parametrize("direction", ["both", "i2t", "t2i"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_gradients_gradcheck(contrastive, direction, reduction):
+    """The fused path (gradients made in the forward, scaled by the backward) against finite
+    differences, float64, n != m, a block that divides neither, an upstream gradient != 1."""
+    img, txt, rel, positives = inputs(5, 4, dim=3, seed=11)
+    fn = combined(contrastive, rel, positives, weight=0.8, tau=0.3, direction=direction, reduction=reduction,
+                  block=2)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (img, txt, *scalars(contrastive))]
+    assert torch.autograd.gradcheck(lambda *x: 1.7 * fn(*x), leaves)
+    assert called(fn, *leaves)[:2] == ([(OP, True)], [])         # it is the fused path
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_the_terms_apart_weighted_unequally(contrastive):
+    """The two terms each with its own upstream gradient (open_clip's output_dict, the unfused
+    path): 0.3 x contrastive + 1.9 x smooth-NDCG equals the separate losses' on the full matrix."""
+    from fastrank.ops.contrastive_smooth_ndcg import both_terms
+    img, txt, rel, positives = inputs(7, 5, seed=12)
+    bias = (lambda c: {"logit_bias": c}) if contrastive == "siglip" else (lambda *c: {})
+
+    def apart(a, b, s, *c):
+        con, ranked = both_terms(a, b, rel, s, positives=positives, contrastive=contrastive, tau=0.2,
+                                 direction="both", block=3, **bias(*c))
+        return 0.3 * con + 1.9 * ranked
+    want_c = separate(contrastive, rel, positives, 0.0, 0.2)
+    want_r = separate(contrastive, rel, positives, 1.9, 0.2)
+    want = with_grads(lambda *x: 0.3 * want_c(*x) + want_r(*x) - want_c(*x), img, txt, *scalars(contrastive))
+    assert_all_close(with_grads(apart, img, txt, *scalars(contrastive)), want)
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+@pytest.mark.parametrize("direction", ["both", "i2t", "t2i"])
+def test_per_query_terms_gradcheck(contrastive, direction):
+    """The per-query losses (reduction "none": each query its own upstream gradient, the blocks
+    made again in the backward) against finite differences, float64."""
+    from fastrank.ops._launch import relevance_lists
+    from fastrank.ops.contrastive_smooth_ndcg import terms
+    img, txt, rel, positives = inputs(5, 4, dim=3, seed=13)
+    lists = relevance_lists(rel, direction)
+    pairs = (positives, torch.arange(5))
+
+    def per_query(a, b, s, c):
+        con, ranked = terms(a, b, b, a, s, c, positives, pairs, lists, contrastive, 0.3, direction, 2)
+        return (con, *ranked)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (img, txt, *scalars("siglip"))]
+    assert torch.autograd.gradcheck(per_query, leaves)
 
 
 @pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
 def test_never_makes_the_matrix(contrastive):
-    """The forward and backward (the bodies of the custom ops) with blocks of 8 queries: no tensor
-    of n * m elements, or of a quarter of it, is ever made (the largest is a block's (8, n))."""
+    """The sweep of blocks (the body of the custom ops) with blocks of 8 queries, values only and
+    fused (values and gradients): no tensor of n * m elements, or of a quarter of it, is ever
+    made (the largest is a block's (8, n))."""
     from fastrank.ops import _contrastive_listwise_blocks as B
     from fastrank.ops._launch import relevance_lists
     n, m = 64, 96
@@ -185,9 +282,9 @@ def test_never_makes_the_matrix(contrastive):
     s, b = torch.tensor(10.0, dtype=torch.float64), torch.tensor(-3.0, dtype=torch.float64)
     lists = relevance_lists(rel, "both")
     with LargestTensor() as seen:
-        row, col, ndcg = B.forward(img, txt, txt, img, s, b, positives, lists, contrastive, 0.1, 3, 8)
-        B.gradients(torch.ones_like(row), torch.ones_like(col), torch.ones_like(ndcg), img, txt, txt, img, s, b,
-                    positives, lists, row, col, contrastive, 0.1, 3, 8)
+        values, _ = B.sweep(img, txt, txt, img, s, b, positives, lists, contrastive, 0.1, 3, 8, None, True)
+        B.sweep(img, txt, txt, img, s, b, positives, lists, contrastive, 0.1, 3, 8,
+                [torch.ones_like(v) for v in values], True)
     assert seen.numel < n * m // 4, seen.numel
     assert seen.numel >= 8 * m                                   # it did see the blocks
 

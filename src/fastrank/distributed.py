@@ -268,12 +268,7 @@ def local_contrastive_smooth_ndcg_loss(img_local: Tensor, txt_local: Tensor, rel
     own = torch.arange(o, o + bi, device=img_local.device)
     rows = relevance_lists(relevance.rows_of(o, o + bi), "i2t")[:3]   # this rank's image rows
     lists = [*rows, *relevance.columns_of(o, o + bt).column_lists()]
-    per_query, ranked = CS.terms(img_local, txt_all, txt_local, img_all, scale, bias, own,
-                                 (torch.arange(bt, device=own.device), own), lists, contrastive, tau, direction,
-                                 block or 0)
-    if reduction == "sum":
-        return per_query.sum() + weight * sum(r.sum() for r in ranked)
-    # "mean": each term's global query count, so that the ranks' values sum to the full mean
-    queries = n * (2 if contrastive == "info_nce" and direction == "both" else 1)
-    counts = {"both": (n, m), "i2t": (n,), "t2i": (m,)}[direction]
-    return per_query.sum() / queries + weight * sum(r.sum() / c for r, c in zip(ranked, counts))
+    return CS.loss(img_local, txt_all, txt_local, img_all, scale, bias, own, (torch.arange(bt, device=own.device), own),
+                   lists, contrastive, tau, direction, block or 0,
+                   # the global batch's query counts, so that the ranks' values sum to the full mean
+                   *CS.reduction_weights(reduction, n, m, contrastive, direction, weight))

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _validation as V
-from ..ops.contrastive_smooth_ndcg import both_terms
+from ..ops.contrastive_smooth_ndcg import both_terms, contrastive_smooth_ndcg_loss_from_embeddings
 from ..ops.from_embeddings import smooth_ndcg_loss_from_embeddings
 from ..ops.registry import compat_losses
 from ..topk import TopKRelevance
@@ -290,12 +290,13 @@ class ClipLoss(torch.nn.Module):
 
         if listwise_on and self.from_embeddings:
             # the logit bias shifts every logit of a row alike: InfoNCE does not see it
+            if not output_dict:   # one scalar: its gradients made in the forward (fused)
+                return contrastive_smooth_ndcg_loss_from_embeddings(
+                    image_features, text_features, relevance, logit_scale, weight=self.listwise_weight,
+                    **self.listwise_kwargs)
             contrastive, ranked = both_terms(image_features, text_features, relevance, logit_scale,
                                              **self.listwise_kwargs)
-            listwise = self.listwise_weight * ranked
-            if output_dict:
-                return {"contrastive_loss": contrastive, "listwise_loss": listwise}
-            return contrastive + listwise
+            return {"contrastive_loss": contrastive, "listwise_loss": self.listwise_weight * ranked}
         logits_per_image, logits_per_text = self.get_logits(image_features, text_features, logit_scale,
                                                             logit_bias)
         labels = self.get_ground_truth(image_features.device, logits_per_image.shape[0])

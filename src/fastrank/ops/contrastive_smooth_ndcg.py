@@ -4,9 +4,12 @@ SigLipLoss) + ``weight * smooth_ndcg_loss(img @ txt.T, relevance)``, each block'
 made once for both terms and the (n, m) matrix never held.
 
 Python -> two custom ops (src/fastrank/ops/_contrastive_listwise_blocks.py): per block of queries
-one matmul, InfoNCE's logsumexp (or SigLIP's terms) and smooth-NDCG's kernels on it, recomputed
-in the backward. The positives' logits and the reduction are done here, on the per-query losses;
-fastrank.distributed calls the same terms with a rank's own queries.
+one matmul, InfoNCE's logsumexp (or SigLIP's terms) and smooth-NDCG's kernels on it. Where a
+gradient is wanted the reduced loss (:func:`loss`) passes the reduction's weights and the op makes
+the gradients in the forward, block by block (fused: three matmuls a block a pass, the backward
+scaling them); the per-query terms (:func:`terms`, :func:`both_terms`) make each block again in
+the backward. The positives' logits are done here, in plain PyTorch; fastrank.distributed calls
+the same :func:`loss` with a rank's own queries.
 """
 from __future__ import annotations
 
@@ -58,6 +61,19 @@ def check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contra
 
 
 # ---------------------------------------------------------------- the terms
+def _positive_logits(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, s: Tensor, positives: Tensor,
+                     t2i_pairs: Tuple[Tensor, Tensor], direction: str) -> List[Tensor]:
+    """InfoNCE's logit of each query's positive, of each direction (i2t first)."""
+    acc = acc_dtype(img_q.dtype)
+    out = []
+    if direction != "t2i":
+        out.append(s * (img_q.to(acc) * txt_all.to(acc)[positives]).sum(dim=1))
+    if direction != "i2t":
+        cols, imgs = t2i_pairs
+        out.append(s * (txt_q.to(acc)[cols] * img_all.to(acc)[imgs]).sum(dim=1))
+    return out
+
+
 def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: Tensor, bias: Tensor,
           positives: Tensor, t2i_pairs: Tuple[Tensor, Tensor], lists: List[Tensor], contrastive: str, tau: float,
           direction: str, block: int) -> Tuple[Tensor, List[Tensor]]:
@@ -65,24 +81,68 @@ def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale:
     the image queries ``img_q`` against ``txt_all`` and the caption queries ``txt_q`` against
     ``img_all``: ``positives`` (of img_q, into txt_all) for InfoNCE's i2t and SigLIP; InfoNCE's
     t2i queries are the pairs ``t2i_pairs`` = (caption query, its positive image in img_all);
-    ``lists``: the relevance of img_q's rows and of txt_q's columns."""
+    ``lists``: the relevance of img_q's rows and of txt_q's columns. Their gradients, for any
+    upstream weights, make each block again in the backward."""
     row_term, col_lse, ndcg = contrastive_ranking_from_embeddings(
-        img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, contrastive, tau, DIRECTION_CODE[direction],
-        block)
-    acc = acc_dtype(img_q.dtype)
-    s = scale.to(acc).reshape(())
-    parts = []
+        img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, [], contrastive, tau, DIRECTION_CODE[direction],
+        block)[:3]
     if contrastive == "siglip":
-        parts.append(row_term)
+        per_query = row_term
     else:
-        if direction != "t2i":
-            parts.append(row_term - s * (img_q.to(acc) * txt_all.to(acc)[positives]).sum(dim=1))
-        if direction != "i2t":
-            cols, imgs = t2i_pairs
-            parts.append(col_lse[cols] - s * (txt_q.to(acc)[cols] * img_all.to(acc)[imgs]).sum(dim=1))
+        s = scale.to(row_term.dtype).reshape(())
+        lse = ([row_term] if direction != "t2i" else []) + ([col_lse[t2i_pairs[0]]] if direction != "i2t" else [])
+        positive = _positive_logits(img_q, txt_all, txt_q, img_all, s, positives, t2i_pairs, direction)
+        per_query = torch.cat([a - b for a, b in zip(lse, positive)])
     nr = img_q.shape[0]
     ranked = [ndcg[:nr], ndcg[nr:]] if direction == "both" else [ndcg]
-    return torch.cat(parts), ranked
+    return per_query, ranked
+
+
+def reduction_weights(reduction: str, n: int, m: int, contrastive: str, direction: str, weight: float
+                      ) -> Tuple[float, List[float]]:
+    """(the weight of each contrastive per-query loss, of each smooth-NDCG direction's) in the
+    combined loss on n images and m captions (the whole batch's, also for one rank's part of
+    it): "sum" 1 and ``weight``; "mean" 1 / the contrastive term's query count (n images, and n
+    positive pairs for InfoNCE's t2i) and ``weight`` / each direction's query count."""
+    counts = {"both": (n, m), "i2t": (n,), "t2i": (m,)}[direction]
+    if reduction == "sum":
+        return 1.0, [weight] * len(counts)
+    queries = n * (2 if contrastive == "info_nce" and direction == "both" else 1)
+    return 1.0 / queries, [weight / c for c in counts]
+
+
+def loss(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: Tensor, bias: Tensor,
+         positives: Tensor, t2i_pairs: Tuple[Tensor, Tensor], lists: List[Tensor], contrastive: str, tau: float,
+         direction: str, block: int, contrastive_weight: float, ndcg_weights: List[float]) -> Tensor:
+    """``contrastive_weight`` x the sum of :func:`terms`' contrastive per-query losses + the sum
+    of each smooth-NDCG direction's times its ``ndcg_weights`` entry (the arguments are
+    :func:`terms`'): the combined loss reduced. Where a gradient is wanted the op makes it in the
+    forward, block by block while the block's similarities are in hand (fused: two passes of
+    three matmuls, none in the backward, which scales the made gradients); otherwise the op
+    gives the per-query losses only."""
+    wanted = torch.is_grad_enabled() and any(t.requires_grad for t in (img_q, txt_all, txt_q, img_all, scale, bias))
+    if not wanted:
+        per_query, ranked = terms(img_q, txt_all, txt_q, img_all, scale, bias, positives, t2i_pairs, lists,
+                                  contrastive, tau, direction, block)
+        return contrastive_weight * per_query.sum() + sum(w * r.sum() for w, r in zip(ndcg_weights, ranked))
+    acc = acc_dtype(img_q.dtype)
+    nr, nc = img_q.shape[0], txt_q.shape[0]
+    w_row = img_q.new_full((nr,), contrastive_weight if contrastive == "siglip" or direction != "t2i" else 0.0,
+                           dtype=acc)
+    w_col = img_q.new_zeros((nc,), dtype=acc)
+    if contrastive == "info_nce" and direction != "i2t":   # each caption's logsumexp, once a query it is
+        cols = t2i_pairs[0]
+        w_col.index_add_(0, cols, img_q.new_full(cols.shape, contrastive_weight, dtype=acc))
+    queries = [nr, nc] if direction == "both" else [nr if direction == "i2t" else nc]
+    w_ndcg = torch.cat([img_q.new_full((q,), w, dtype=acc) for q, w in zip(queries, ndcg_weights)])
+    total = contrastive_ranking_from_embeddings(
+        img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, [w_row, w_col, w_ndcg], contrastive, tau,
+        DIRECTION_CODE[direction], block)[3]
+    if contrastive == "siglip":
+        return total
+    s = scale.to(acc).reshape(())
+    positive = _positive_logits(img_q, txt_all, txt_q, img_all, s, positives, t2i_pairs, direction)
+    return total - contrastive_weight * sum(p.sum() for p in positive)
 
 
 def _reference(img, txt, relevance, scale, bias, positives, contrastive, tau, direction, reduction):
@@ -97,26 +157,33 @@ def _reference(img, txt, relevance, scale, bias, positives, contrastive, tau, di
     return reduce([per_query], reduction), ranked
 
 
+def _single_process(img: Tensor, txt: Tensor, relevance: TopKRelevance, scale: Tensor, bias: Tensor,
+                    positives: Tensor, direction: str) -> tuple:
+    """:func:`terms`' (and :func:`loss`'s) tensor arguments for one process's batch."""
+    t2i_pairs = (positives, torch.arange(img.shape[0], device=img.device))
+    # the blocks compute in the accumulation dtype anyway; upcast here, each embedding once, so
+    # that its two gradients (queries of one pass, documents of the other) are summed there and
+    # rounded to a half dtype once, not each rounded and then summed in it
+    acc = acc_dtype(img.dtype)
+    a, b = img.to(acc), txt.to(acc)
+    return a, b, b, a, scale, bias, positives, t2i_pairs, relevance_lists(relevance.detach(), direction)
+
+
 def both_terms(img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, logit_bias=None,
                positives: Optional[Tensor] = None, contrastive: str = "info_nce", tau: float = 0.01,
                direction: str = "both", reduction: str = "mean", block: Optional[int] = None,
                impl: str = "auto") -> Tuple[Tensor, Tensor]:
     """(the contrastive loss, smooth-NDCG unweighted) of
     :func:`contrastive_smooth_ndcg_loss_from_embeddings`, for the callers that report them apart
-    (fastrank.compat.open_clip's ``output_dict``); the arguments are that function's."""
+    (fastrank.compat.open_clip's ``output_dict``); the arguments are that function's. Each term
+    takes its own upstream gradient: the backward makes the blocks again (not fused)."""
     contrastive, _, tau, direction, reduction, block = _check_hyper(contrastive, 0.0, tau, direction, reduction, block)
     impl = V.check_impl(impl)
     scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
     if not has_native(img.device, impl, "smooth_ndcg_loss"):
         return _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction, reduction)
-    t2i_pairs = (pos, torch.arange(img.shape[0], device=img.device))
-    # the blocks compute in the accumulation dtype anyway; upcast here, each embedding once, so
-    # that its two gradients (queries of one pass, documents of the other) are summed there and
-    # rounded to a half dtype once, not each rounded and then summed in it
-    acc = acc_dtype(img.dtype)
-    a, b = img.to(acc), txt.to(acc)
-    per_query, ranked = terms(a, b, b, a, scale, bias, pos, t2i_pairs, relevance_lists(relevance.detach(), direction),
-                              contrastive, tau, direction, block or 0)
+    per_query, ranked = terms(*_single_process(img, txt, relevance, scale, bias, pos, direction), contrastive, tau,
+                              direction, block or 0)
     return reduce([per_query], reduction), reduce(ranked, reduction)
 
 
@@ -130,8 +197,7 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
     ``info_nce_loss_from_embeddings(img, txt, logit_scale, positives, direction, reduction)``
     (or ``siglip_loss_from_embeddings(img, txt, logit_scale, logit_bias, positives, reduction)``)
     ``+ weight * smooth_ndcg_loss(img @ txt.T, relevance, tau, direction, reduction)``, each block
-    of similarities made once for both terms (one matmul a block a pass, forward and backward)
-    and the (n, m) matrix and its gradient never held.
+    of similarities made once for both terms and the (n, m) matrix and its gradient never held.
 
     With the defaults it equals ``open_clip.ClipLoss()(img, txt, logit_scale) + weight *
     fastrank.smooth_ndcg_loss(img @ txt.T, relevance, tau)``, value and the gradients of img,
@@ -160,14 +226,25 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
         impl: "auto", "native" (the blocks) or "reference" (the (n, m) matrix in plain
             PyTorch: O(n * m) memory).
 
-    Memory: O((n + m) * dim + block * max(n, m) + n * k); work: two passes of matmuls forward
-    (images against captions for i2t, captions against images for t2i) and two a pass more in
-    the backward, the smooth-NDCG kernels' O(n * m * k) sparse path.
+    Memory: O((n + m) * dim + block * max(n, m) + n * k); work: two passes of blocks (images
+    against captions for i2t, captions against images for t2i), the smooth-NDCG kernels'
+    O(n * m * k) sparse path. Where a gradient is wanted (grad mode on and an input requiring
+    it), each block's gradient is made in the forward while its similarities are in hand: three
+    matmuls a block a pass and none in the backward (the matrix path's three, twice); otherwise
+    one a block a pass.
     """
-    weight = V.check_nonnegative(weight, "weight")
-    contrastive_loss, ranked = both_terms(img, txt, relevance, logit_scale, logit_bias, positives, contrastive, tau,
-                                          direction, reduction, block, impl)
-    return contrastive_loss + weight * ranked
+    contrastive, weight, tau, direction, reduction, block = _check_hyper(contrastive, weight, tau, direction,
+                                                                         reduction, block)
+    impl = V.check_impl(impl)
+    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
+    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+        contrastive_loss, ranked = _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction,
+                                              reduction)
+        return contrastive_loss + weight * ranked
+    return loss(*_single_process(img, txt, relevance, scale, bias, pos, direction), contrastive, tau, direction,
+                block or 0, *reduction_weights(reduction, img.shape[0], txt.shape[0], contrastive, direction, weight))
+
+
 
 
 class ContrastiveSmoothNDCGLossFromEmbeddings(ModuleForm, functional=contrastive_smooth_ndcg_loss_from_embeddings,
@@ -203,12 +280,14 @@ def _samples(ex):
     img, txt, scale = (x[k].detach().clone().requires_grad_(True) for k in ("img", "txt", "logit_scale"))
     bias = x.get("logit_bias", torch.zeros((), dtype=scale.dtype)).detach().clone().requires_grad_(True)
     lists = relevance_lists(x["relevance"], direction)
-    args = (img, txt, txt, img, scale, bias, x["positives"], lists, contrastive, h["tau"], DIRECTION_CODE[direction],
-            h.get("block") or 0)
-    outs = contrastive_ranking_from_embeddings(*(a.detach() if isinstance(a, Tensor) else a for a in args))
-    return [("fastrank::contrastive_ranking_from_embeddings", args),
+    hyper = (contrastive, h["tau"], DIRECTION_CODE[direction], h.get("block") or 0)
+    args = (img, txt, txt, img, scale, bias, x["positives"], lists)
+    outs = contrastive_ranking_from_embeddings(*(a.detach() for a in args[:7]), lists, [], *hyper)[:3]
+    weights = [C.upstream(o) for o in outs]
+    return [("fastrank::contrastive_ranking_from_embeddings", (*args, [], *hyper)),
+            ("fastrank::contrastive_ranking_from_embeddings", (*args, weights, *hyper)),
             ("fastrank::contrastive_ranking_from_embeddings_backward",
-             (*(C.upstream(o) for o in outs), *(a.detach() for a in args[:7]), lists, outs[0], outs[1], *args[8:]))]
+             (*weights, *(a.detach() for a in args[:7]), lists, *hyper))]
 
 
 _BAD = CL._BAD + (
