@@ -9,8 +9,9 @@ those counts (benchmarks/cuda/issue_model.py).
     python -m benchmarks cuda_resources --check      # exit 1 when a block is stale or a loop over budget
     python -m benchmarks cuda_resources --rev REV    # the pair loops of an older commit (git archive)
 
-How: each csrc/cuda/*.cu is compiled once with nvcc for sm_80 and sm_90 (SASS), with the
-CUDA flags of CMakeLists.txt (read from it, so the two cannot drift) and ``-Xptxas -v``;
+How: each csrc/cuda/*.cu is compiled with nvcc for sm_80 and for sm_90 (``-cubin``: the device
+code alone, SASS), with the CUDA flags of CMakeLists.txt (read from it, so the two cannot
+drift) and ``-Xptxas -v``;
 ptxas's report gives registers, stack frame, spill stores / loads and static shared memory
 per entry function; the kept PTX gives each kernel's ``.maxntid`` (its ``__launch_bounds__``,
 the block size its launcher uses: tests/test_cuda_resources.py checks that every kernel
@@ -323,17 +324,17 @@ def source_kernels() -> List[str]:
     return sorted(names)
 
 
-def compile_file(src: Path, nvcc: str, archs: Iterable[int] = ARCHS, root: Path = ROOT,
+def compile_file(src: Path, nvcc: str, arch: int, root: Path = ROOT,
                  disassembler: Optional[str] = None) -> List[Kernel]:
-    """The kernels of one .cu file of the tree at `root`; with a `disassembler` (nvdisasm) and
-    sm_90 among `archs`, their pair loops too (marked ones only in this tree: an older tree has
-    no markers, so every loop with an exp is listed, named by its line)."""
-    archs = list(archs)
+    """The kernels of one .cu file of the tree at `root` for one arch (``nvcc -cubin``: the device
+    code alone, no host compile); with a `disassembler` (nvdisasm) and the arch LOOP_ARCH, their
+    pair loops too (marked ones only in this tree: an older tree has no markers, so every loop
+    with an exp is listed, named by its line)."""
     with tempfile.TemporaryDirectory(prefix="fastrank-ptxas-") as tmp:
+        cubin = Path(tmp) / f"{src.stem}.sm_{arch}.cubin"
         cmd = [nvcc, *cmake_cuda_flags(root / "CMakeLists.txt"), "-I", str(root / "csrc" / "include"),
-               "-Xptxas", "-v", "--keep", "--keep-dir", tmp, "-c", str(src), "-o", os.path.join(tmp, "out.o")]
-        for a in archs:
-            cmd += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+               "-Xptxas", "-v", "--keep", "--keep-dir", tmp, "-cubin", str(src), "-o", str(cubin),
+               "-gencode", f"arch=compute_{arch},code=sm_{arch}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {src.name}:\n{r.stderr[-4000:]}")
@@ -342,12 +343,7 @@ def compile_file(src: Path, nvcc: str, archs: Iterable[int] = ARCHS, root: Path 
         for ptx in Path(tmp).glob("*.ptx"):
             sizes.update(parse_ptx_block_sizes(ptx.read_text()))
         loops: Dict[str, list] = {}
-        if disassembler and LOOP_ARCH in archs:
-            cubins = sorted(Path(tmp).glob("*.cubin"))  # <stem>.compute_90.cubin, or <stem>.cubin alone
-            cubin = next((c for c in cubins if c.name.endswith(f"_{LOOP_ARCH}.cubin")), None)
-            cubin = cubin or (cubins[0] if len(cubins) == 1 and archs == [LOOP_ARCH] else None)
-            if cubin is None:
-                raise RuntimeError(f"no sm_{LOOP_ARCH} cubin kept for {src.name}")
+        if disassembler and arch == LOOP_ARCH:
             sources = sorted((root / "csrc" / "cuda").glob("*.cu*"))
             loops = sass.pair_loops(cubin, disassembler, sources, marked_only=root == ROOT)
     for k in kernels:
@@ -372,8 +368,9 @@ def collect(sources: Optional[Sequence[Path]] = None, archs: Iterable[int] = ARC
             raise RuntimeError("nvdisasm not found (the CUDA toolkit's, or `pip install nvidia-cuda-nvdisasm`, "
                                "a test extra of pyproject.toml): the pair loops cannot be counted")
     sources = list(sources) if sources is not None else sorted((root / "csrc" / "cuda").glob("*.cu"))
+    builds = [(src, arch) for src in sources for arch in archs]   # one nvcc a (file, arch): the workers stay busy
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        kernels = [k for ks in ex.map(lambda s: compile_file(s, nvcc, archs, root, tool), sources) for k in ks]
+        kernels = [k for ks in ex.map(lambda b: compile_file(b[0], nvcc, b[1], root, tool), builds) for k in ks]
     for k, d in zip(kernels, demangle([k.mangled for k in kernels])):
         k.name = short_name(d)
     return sorted(kernels, key=lambda k: (k.source, k.base, k.name, k.arch))
