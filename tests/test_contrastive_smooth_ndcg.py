@@ -200,6 +200,35 @@ def test_one_matmul_a_block_a_pass_or_three_fused(contrastive):
 
 
 @pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
+def test_one_batch_sums_each_embeddings_two_gradients_in_one_buffer(contrastive, monkeypatch):
+    """One process's batch passes img and txt twice (queries of one pass, candidates of the
+    other): the fused op, told so (shared), holds two embedding-sized gradients from the forward
+    to the backward, not four: img's in img_q's place, txt's in txt_all's, the other two empty,
+    equal to the sums of the four it makes otherwise. The combined loss tells it so."""
+    from fastrank.ops import _contrastive_listwise_blocks as B
+    from fastrank.ops import contrastive_smooth_ndcg as CS
+    from fastrank.ops._launch import relevance_lists
+    img, txt, rel, positives = inputs(10, 7, seed=6)
+    s, b = torch.tensor(3.0, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float64)
+    args = (img, txt, txt, img, s, b, positives, relevance_lists(rel, "both"))
+    values = B.forward_or_fused(*args, [], contrastive, 0.1, 3, 3)[:3]
+    weights = [torch.rand_like(v) for v in values]
+    four = B.forward_or_fused(*args, weights, contrastive, 0.1, 3, 3)[4:]
+    two = B.forward_or_fused(*args, weights, contrastive, 0.1, 3, 3, True)[4:]
+    assert two[2].numel() == 0 and two[3].numel() == 0
+    torch.testing.assert_close(two[0], four[0] + four[3], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(two[1], four[1] + four[2], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(two[4:], four[4:], rtol=1e-12, atol=1e-12)
+    told = []
+    real = CS.contrastive_ranking_from_embeddings
+    monkeypatch.setattr(CS, "contrastive_ranking_from_embeddings",
+                        lambda *a: told.append(a[-1]) or real(*a))
+    fn = combined(contrastive, rel, positives, tau=0.1, block=3)
+    called(fn, img, txt, *scalars(contrastive))
+    assert told == [True]
+
+
+@pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
 def test_the_combined_loss_fuses_where_a_gradient_is_wanted(contrastive):
     """With a gradient wanted the combined loss calls the op fused (gradients made in the
     forward) and its backward calls no op and no matmul (it scales them); under no_grad the op

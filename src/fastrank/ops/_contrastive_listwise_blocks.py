@@ -73,13 +73,14 @@ def query_counts(nr: int, nc: int, direction: int) -> int:
 
 def forward_or_fused(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, logit_scale: Tensor,
                      logit_bias: Tensor, positives: Tensor, lists: List[Tensor], weights: List[Tensor],
-                     contrastive: str, tau: float, direction: int, block: int) -> Tuple[Tensor, ...]:
+                     contrastive: str, tau: float, direction: int, block: int,
+                     shared: bool = False) -> Tuple[Tensor, ...]:
     """(row_term, col_lse, ndcg, total, *gradients): with ``weights`` = [w_row, w_col, w_ndcg]
     (fused) ``total = w_row . row_term + w_col . col_lse + w_ndcg . ndcg`` and its gradients by
-    img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, made in the same sweep; with no
-    weights, total 0 and no gradient (empty tensors)."""
+    img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, made in the same sweep (``shared``:
+    see :func:`sweep`); with no weights, total 0 and no gradient (empty tensors)."""
     values, grads = sweep(img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, lists, contrastive,
-                          tau, direction, block, weights or None, True)
+                          tau, direction, block, weights or None, True, shared)
     if not weights:
         return (*values, values[0].new_zeros(()), *_no_gradients(img_q))
     total = sum(torch.dot(w.to(v.dtype), v) for w, v in zip(weights, values))
@@ -92,14 +93,17 @@ def _no_gradients(like: Tensor) -> Tuple[Tensor, ...]:
 
 def sweep(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, logit_scale: Tensor, logit_bias: Tensor,
           positives: Tensor, lists: List[Tensor], contrastive: str, tau: float, direction: int, block: int,
-          weights: Optional[Sequence[Tensor]], values: bool) -> Tuple[Tuple[Tensor, Tensor, Tensor],
-                                                                     Optional[Tuple[Tensor, ...]]]:
+          weights: Optional[Sequence[Tensor]], values: bool,
+          shared: bool = False) -> Tuple[Tuple[Tensor, Tensor, Tensor], Optional[Tuple[Tensor, ...]]]:
     """((row_term, col_lse, ndcg) if ``values``, else zeros; for ``weights`` = (w_row, w_col,
     w_ndcg) the gradients of ``w_row . row_term + w_col . col_lse + w_ndcg . ndcg`` by (img_q,
     txt_all, txt_q, img_all, logit_scale, logit_bias), else None). Per block, dG = scale * dL +
     dG_ndcg with dL the contrastive term's gradient by the logits: InfoNCE ``w_q softmax(L)`` of
     each query's row (the block holds whole rows, so its logsumexp is the block's own); SigLIP
-    ``-z sigma(-z L)`` weighted by w_row; then the block's two gradient matmuls."""
+    ``-z sigma(-z L)`` weighted by w_row; then the block's two gradient matmuls. ``shared``: txt_q
+    is txt_all and img_all is img_q (one process's batch): each embedding's two gradients are
+    summed into one buffer, given in img_q's and txt_all's places, txt_q's and img_all's empty
+    (two embedding-sized buffers, not four, held from the forward to the backward)."""
     acc = acc_dtype(img_q.dtype)
     nr, nc = img_q.shape[0], txt_q.shape[0]
     scale, bias = logit_scale.to(acc), logit_bias.to(acc)
@@ -107,7 +111,9 @@ def sweep(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, logit_
     col_lse = img_q.new_zeros((nc,), dtype=acc)
     ndcg = img_q.new_zeros((query_counts(nr, nc, direction),), dtype=acc)
     embeddings = (img_q, txt_all, txt_q, img_all)   # a single process passes img and txt twice: one gradient each
-    grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in embeddings] if weights is not None else []
+    grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in embeddings[:2 if shared else 4]]
+    if shared:
+        grads = [grads[0], grads[1], grads[1], grads[0]]
     g_scale = img_q.new_zeros((), dtype=acc)
     g_bias = img_q.new_zeros((), dtype=acc)
     variant = variant_codes()
@@ -156,7 +162,10 @@ def sweep(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, logit_
             grads[ik].addmm_(dG.t(), A_b)
     if weights is None:
         return (row_term, col_lse, ndcg), None
-    return (row_term, col_lse, ndcg), (*(g.to(t.dtype) for g, t in zip(grads, embeddings)),
+    made = [g.to(t.dtype) for g, t in zip(grads, embeddings)]
+    if shared:
+        made[2:] = [img_q.new_empty((0,)), img_q.new_empty((0,))]
+    return (row_term, col_lse, ndcg), (*made,
                                        g_scale.to(logit_scale.dtype).reshape(logit_scale.shape),
                                        g_bias.to(logit_bias.dtype).reshape(logit_bias.shape))
 
@@ -166,24 +175,27 @@ def sweep(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, logit_
 def contrastive_ranking_from_embeddings(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor,
                                         logit_scale: Tensor, logit_bias: Tensor, positives: Tensor,
                                         lists: List[Tensor], weights: List[Tensor], contrastive: str, tau: float,
-                                        direction: int, block: int) -> Tuple[(Tensor,) * 10]:
+                                        direction: int, block: int, shared: bool) -> Tuple[(Tensor,) * 10]:
     """(the rows' contrastive term, the columns' logsumexp, smooth-NDCG's per-query losses, the
     weighted total, its gradients by img_q, txt_all, txt_q, img_all, logit_scale, logit_bias)
     (:func:`forward_or_fused`: with no ``weights``, total 0 and the gradients empty)."""
     return forward_or_fused(img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, lists, weights,
-                            contrastive, tau, direction, block)
+                            contrastive, tau, direction, block, shared)
 
 
 @contrastive_ranking_from_embeddings.register_fake
 def _(img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, lists, weights, contrastive, tau,
-      direction, block):
+      direction, block, shared):
     acc = acc_dtype(img_q.dtype)
     nr, nc = img_q.shape[0], txt_q.shape[0]
     values = [img_q.new_empty((nr,), dtype=acc), img_q.new_empty((nc,), dtype=acc),
               img_q.new_empty((query_counts(nr, nc, direction),), dtype=acc), img_q.new_empty((), dtype=acc)]
     if not weights:
         return (*values, *_no_gradients(img_q))
-    return (*values, *(torch.empty_like(t) for t in (img_q, txt_all, txt_q, img_all, logit_scale, logit_bias)))
+    made = [torch.empty_like(t) for t in (img_q, txt_all, txt_q, img_all, logit_scale, logit_bias)]
+    if shared:
+        made[2:4] = [img_q.new_empty((0,)), img_q.new_empty((0,))]
+    return (*values, *made)
 
 
 @torch.library.custom_op("fastrank::contrastive_ranking_from_embeddings_backward", mutates_args=())
@@ -206,14 +218,14 @@ def _(g_row, g_col, g_ndcg, img_q, txt_all, txt_q, img_all, logit_scale, logit_b
 
 def _setup_context(ctx, inputs, output):
     img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, lists, weights, *args = inputs
-    ctx.fused = bool(weights)
+    ctx.fused, ctx.shared = bool(weights), args[4]
     if ctx.fused:   # the gradients are made: only the total is differentiable, and its backward scales them
         ctx.save_for_backward(*output[4:])
         ctx.mark_non_differentiable(*output[:3], *output[4:])
     else:           # the per-query outputs are differentiable: the backward makes each block again
         ctx.save_for_backward(img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, *lists)
         ctx.mark_non_differentiable(*output[3:])
-        ctx.args = tuple(args)
+        ctx.args = tuple(args[:4])   # contrastive, tau, direction, block
     ctx.n_lists, ctx.n_weights = len(lists), len(weights)
 
 
@@ -221,6 +233,8 @@ def _backward(ctx, g_row, g_col, g_ndcg, g_total, *_made):
     if ctx.fused:
         made = ctx.saved_tensors
         inputs = [None] * 6 if g_total is None else [g_total.to(g.dtype) * g for g in made]
+        if ctx.shared:   # each embedding's two gradients are the first two (summed in the sweep)
+            inputs[2:4] = [None, None]
     else:
         img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, *lists = ctx.saved_tensors
         nr, nc = img_q.shape[0], txt_q.shape[0]
@@ -231,7 +245,7 @@ def _backward(ctx, g_row, g_col, g_ndcg, g_total, *_made):
         inputs = list(contrastive_ranking_from_embeddings_backward(
             g_row, g_col, g_ndcg, img_q, txt_all, txt_q, img_all, logit_scale, logit_bias, positives, lists,
             *ctx.args))
-    return (*inputs, None, [None] * ctx.n_lists, [None] * ctx.n_weights, None, None, None, None)
+    return (*inputs, None, [None] * ctx.n_lists, [None] * ctx.n_weights, None, None, None, None, None)
 
 
 contrastive_ranking_from_embeddings.register_autograd(_backward, setup_context=_setup_context)

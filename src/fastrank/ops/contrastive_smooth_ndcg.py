@@ -85,7 +85,7 @@ def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale:
     upstream weights, make each block again in the backward."""
     row_term, col_lse, ndcg = contrastive_ranking_from_embeddings(
         img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, [], contrastive, tau, DIRECTION_CODE[direction],
-        block)[:3]
+        block, False)[:3]
     if contrastive == "siglip":
         per_query = row_term
     else:
@@ -113,13 +113,16 @@ def reduction_weights(reduction: str, n: int, m: int, contrastive: str, directio
 
 def loss(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: Tensor, bias: Tensor,
          positives: Tensor, t2i_pairs: Tuple[Tensor, Tensor], lists: List[Tensor], contrastive: str, tau: float,
-         direction: str, block: int, contrastive_weight: float, ndcg_weights: List[float]) -> Tensor:
+         direction: str, block: int, contrastive_weight: float, ndcg_weights: List[float],
+         shared: bool = False) -> Tensor:
     """``contrastive_weight`` x the sum of :func:`terms`' contrastive per-query losses + the sum
     of each smooth-NDCG direction's times its ``ndcg_weights`` entry (the arguments are
     :func:`terms`'): the combined loss reduced. Where a gradient is wanted the op makes it in the
     forward, block by block while the block's similarities are in hand (fused: two passes of
     three matmuls, none in the backward, which scales the made gradients); otherwise the op
-    gives the per-query losses only."""
+    gives the per-query losses only. ``shared``: txt_q is txt_all and img_all is img_q (one
+    process's batch, :func:`_single_process`): the op sums each embedding's two gradients into one
+    buffer."""
     wanted = torch.is_grad_enabled() and any(t.requires_grad for t in (img_q, txt_all, txt_q, img_all, scale, bias))
     if not wanted:
         per_query, ranked = terms(img_q, txt_all, txt_q, img_all, scale, bias, positives, t2i_pairs, lists,
@@ -137,7 +140,7 @@ def loss(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: 
     w_ndcg = torch.cat([img_q.new_full((q,), w, dtype=acc) for q, w in zip(queries, ndcg_weights)])
     total = contrastive_ranking_from_embeddings(
         img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, [w_row, w_col, w_ndcg], contrastive, tau,
-        DIRECTION_CODE[direction], block)[3]
+        DIRECTION_CODE[direction], block, shared)[3]
     if contrastive == "siglip":
         return total
     s = scale.to(acc).reshape(())
@@ -242,7 +245,8 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
                                               reduction)
         return contrastive_loss + weight * ranked
     return loss(*_single_process(img, txt, relevance, scale, bias, pos, direction), contrastive, tau, direction,
-                block or 0, *reduction_weights(reduction, img.shape[0], txt.shape[0], contrastive, direction, weight))
+                block or 0, *reduction_weights(reduction, img.shape[0], txt.shape[0], contrastive, direction, weight),
+                shared=True)
 
 
 
@@ -280,14 +284,15 @@ def _samples(ex):
     img, txt, scale = (x[k].detach().clone().requires_grad_(True) for k in ("img", "txt", "logit_scale"))
     bias = x.get("logit_bias", torch.zeros((), dtype=scale.dtype)).detach().clone().requires_grad_(True)
     lists = relevance_lists(x["relevance"], direction)
-    hyper = (contrastive, h["tau"], DIRECTION_CODE[direction], h.get("block") or 0)
+    hyper = (contrastive, h["tau"], DIRECTION_CODE[direction], h.get("block") or 0, False)
     args = (img, txt, txt, img, scale, bias, x["positives"], lists)
     outs = contrastive_ranking_from_embeddings(*(a.detach() for a in args[:7]), lists, [], *hyper)[:3]
     weights = [C.upstream(o) for o in outs]
     return [("fastrank::contrastive_ranking_from_embeddings", (*args, [], *hyper)),
             ("fastrank::contrastive_ranking_from_embeddings", (*args, weights, *hyper)),
+            ("fastrank::contrastive_ranking_from_embeddings", (*args, weights, *hyper[:-1], True)),   # one batch
             ("fastrank::contrastive_ranking_from_embeddings_backward",
-             (*weights, *(a.detach() for a in args[:7]), lists, *hyper))]
+             (*weights, *(a.detach() for a in args[:7]), lists, *hyper[:-1]))]
 
 
 _BAD = CL._BAD + (
