@@ -78,8 +78,9 @@ def spawn(worker, args: tuple, nprocs: int) -> None:
         while not ctx.join(timeout=1.0):      # raises if a rank failed
             pass
     finally:                                  # the test failed or timed out with ranks running
-        for p in [p for p in ctx.processes if p.is_alive()]:   # one at a time: the ranks share
-            os.kill(p.pid, signal.SIGUSR1)                      # stderr, and two dumps at once
-            p.join(timeout=2.0)               # interleave line by line (it keeps running: SIGUSR1
-            p.kill()                          # only dumps its stack)
+        # one rank at a time: the ranks share stderr, and two stacks dumped at once interleave
+        for p in [p for p in ctx.processes if p.is_alive()]:
+            os.kill(p.pid, signal.SIGUSR1)
+            p.join(timeout=2.0)               # its stack printed (it keeps running: SIGUSR1 only dumps)
+            p.kill()
             p.join()

@@ -249,8 +249,6 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
                 shared=True)
 
 
-
-
 class ContrastiveSmoothNDCGLossFromEmbeddings(ModuleForm, functional=contrastive_smooth_ndcg_loss_from_embeddings,
                                               inputs=("img", "txt", "relevance", "logit_scale", "logit_bias",
                                                       "positives"),
