@@ -3,10 +3,9 @@ this machine, in about a minute.
 
 The ops are the table's rows with native kernels (``NATIVE_OPS``, src/fastrank/ops/registry.py).
 An op's cases are its contract's examples (src/fastrank/ops/_contract.py: small inputs, a
-mask where the op takes one, both directions and one direction alone), an example over both
-directions again with each direction alone, and, for a loss that takes a
-:class:`fastrank.TopKRelevance`, each example with its relevance as top-k lists; each case in
-float32, float64 and bfloat16. A case runs the op with ``impl="native"`` on a device, its
+mask where the op takes one, both directions and one direction alone, top-k lists for a loss
+that takes a :class:`fastrank.TopKRelevance`), and an example over both directions again with
+each direction alone; each case in float32, float64 and bfloat16. A case runs the op with ``impl="native"`` on a device, its
 values and the gradients of a fixed weighted sum of them, and compares them with
 ``impl="reference"`` in float64 on the same (rounded) input, by the rule of the CUDA test
 matrix (src/fastrank/_tolerance.py): float32 and float64 within ``atol + rtol |reference|``,
@@ -39,11 +38,10 @@ from . import _native
 from ._tolerance import TOLERANCE, low_precision_bound
 from .ops._contract import Example
 from .ops.registry import NATIVE_OPS, Loss
-from .topk import TopKRelevance, accepts_topk
+from .topk import TopKRelevance
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 DIRECTIONS = ("i2t", "t2i")
-TOPK = 3            # entries of each list in a case with top-k lists
 OK, FAIL = "ok", "FAIL"
 SUMMARY = "fastrank check:"
 
@@ -58,19 +56,15 @@ def cuda_kernel_versions() -> Tuple[int, ...]:
 
 # ---------------------------------------------------------------- the cases
 def cases(row: Loss, dtype: torch.dtype) -> List[Example]:
-    """The cases of an op in ``dtype``: its contract's examples, an example over both
-    directions again with each direction alone, and (a loss that takes a TopKRelevance) each
-    example with its relevance matrix as top-k lists."""
+    """The cases of an op in ``dtype``: its contract's examples (for a loss that takes a
+    TopKRelevance, one with top-k lists among them), and an example over both directions again
+    with each direction alone."""
     out = []
     for ex in row.examples(dtype):
         out.append(ex)
         if ex.hyper.get("direction") == "both":
             out += [dataclasses.replace(ex, name=f"{ex.name}; {d} alone", hyper={**ex.hyper, "direction": d})
                     for d in DIRECTIONS]
-        if isinstance(ex.inputs.get("relevance"), Tensor) and accepts_topk(row.functional):
-            top = TopKRelevance.from_dense(ex.inputs["relevance"], TOPK)
-            out.append(dataclasses.replace(ex, name=f"{ex.name}; top-{TOPK} lists",
-                                           inputs={**ex.inputs, "relevance": top}))
     return out
 
 

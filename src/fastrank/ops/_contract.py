@@ -14,7 +14,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Type
 import torch
 from torch import Tensor
 
-from ._launch import DIRECTION_CODE, REDUCTION_CODE
+from ..topk import TopKRelevance
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, graded_relevance
 
 @dataclass(frozen=True)
 class Example:
@@ -92,17 +93,33 @@ POSITIVES_CASES = (
 )
 
 
+#: entries of each list in a contract example's TopKRelevance
+TOPK = 3
+
+
 def graded_examples(both_hyper, one_direction, one_hyper):
-    """Examples of a loss on graded relevance: both directions, mean, with a mask (``both_hyper``),
-    and ``one_direction`` alone, no reduction, without a mask (``one_hyper``)."""
+    """Examples of a loss on graded relevance: both directions, mean, with a mask (``both_hyper``);
+    ``one_direction`` alone, no reduction, without a mask (``one_hyper``); and the first again with
+    the relevance as a :class:`fastrank.TopKRelevance` of each row's TOPK best entries (the sparse
+    lists the kernels read without the matrix)."""
     def examples(dtype, seed=0, size=(5, 7)):
         g = gen(seed)
         sim, rel, mask = scores(*size, dtype, g), torch.rand(*size, generator=g, dtype=dtype), random_mask(*size, g)
-        return [Example("both, mean, mask", {"sim": sim, "relevance": rel, "mask": mask},
-                        {**both_hyper, "direction": "both", "reduction": "mean", "impl": "native"}),
+        both = {**both_hyper, "direction": "both", "reduction": "mean", "impl": "native"}
+        return [Example("both, mean, mask", {"sim": sim, "relevance": rel, "mask": mask}, both),
                 Example(f"{one_direction}, none", {"sim": sim, "relevance": rel},
-                        {**one_hyper, "direction": one_direction, "reduction": "none", "impl": "native"})]
+                        {**one_hyper, "direction": one_direction, "reduction": "none", "impl": "native"}),
+                Example(f"both, mean, mask, top-{TOPK} lists",
+                        {"sim": sim, "relevance": TopKRelevance.from_dense(rel, min(TOPK, size[1])), "mask": mask},
+                        both)]
     return examples
+
+
+def graded(inputs: Dict[str, object], hyper: Dict[str, object]) -> tuple:
+    """(relevance matrix or None, mask, lists): a graded op's fill arguments for an example's
+    relevance, a matrix or a TopKRelevance, as the op's public function passes them."""
+    rel, lists = graded_relevance(inputs["sim"], inputs["relevance"], hyper.get("direction", "both"))
+    return rel, inputs.get("mask"), lists
 
 
 def random_positives(n, m, g):

@@ -145,6 +145,15 @@ def relevance_lists(relevance, direction: str, columns: bool = True) -> list:
     return [*rows, *cols]
 
 
+def graded_relevance(sim: torch.Tensor, relevance, direction: str) -> tuple:
+    """(matrix, lists) of a graded op's relevance as its fill takes them: a matrix as it is with no
+    lists, or a :class:`fastrank.TopKRelevance` as None and its :func:`relevance_lists` (the
+    columns' made here only for the CUDA kernels)."""
+    if isinstance(relevance, torch.Tensor):
+        return relevance, []
+    return None, relevance_lists(relevance, direction, cuda_kernels(sim))
+
+
 def dense_from_lists(lists, n: int, m: int) -> torch.Tensor:
     """The (n, m) relevance matrix of an op's row lists, for the one kernel that reads the
     matrix only (smooth-NDCG's CUDA version 1, ``fastrank.kernel_variant(version=1)``)."""
@@ -163,4 +172,4 @@ def mask_args(mask):
 
 __all__ = ["acc_dtype", "cuda_kernels", "kernel_dtype", "kernel_input", "kernel_relevance", "mat", "call", "kernel",
            "module_for", "mask_args",
-           "lists_args", "relevance_args", "relevance_lists", "dense_from_lists", "NO_LISTS", "DIRECTION_CODE", "REDUCTION_CODE"]
+           "lists_args", "relevance_args", "relevance_lists", "graded_relevance", "dense_from_lists", "NO_LISTS", "DIRECTION_CODE", "REDUCTION_CODE"]

@@ -24,7 +24,7 @@ from ..reference.kendall import kendall_reference
 from ._floor import pair_count, rw_bytes
 from ..topk import TopKRelevance
 from ._launch import (DIRECTION_CODE, REDUCTION_CODE, acc_dtype, cuda_kernels, kernel, mask_args, mat, module_for,
-                      relevance_args, relevance_lists)
+                      graded_relevance, relevance_args)
 from . import _contract as C
 from ._module import ModuleForm
 from ._native_op import Backward, NativeOp
@@ -146,10 +146,8 @@ def _kendall_loss(check_hyper, sim, relevance, alpha, direction, reduction, impl
         acc = acc_dtype(sim.dtype)
         rel = relevance.to_dense(acc) if topk else relevance.to(acc)
         return kendall_reference(sim.to(acc), rel, alpha, direction, reduction, mask)
-    if topk:
-        return KENDALL(sim, None, mask, relevance_lists(relevance, direction, cuda_kernels(sim)), alpha,
-                       DIRECTION_CODE[direction], REDUCTION_CODE[reduction], variant_codes()[1])
-    return KENDALL(sim, relevance, mask, [], alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
+    rel, lists = graded_relevance(sim, relevance, direction)
+    return KENDALL(sim, rel, mask, lists, alpha, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
                    variant_codes()[1])
 
 
@@ -161,7 +159,7 @@ class KendallLoss(ModuleForm, functional=kendall_loss, inputs=("sim", "relevance
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    KENDALL, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["alpha"], *C.codes(h), variant_codes()[1]),
+    KENDALL, lambda x, h: (x["sim"], *C.graded(x, h), h["alpha"], *C.codes(h), variant_codes()[1]),
     C.graded_examples({"alpha": 0.1}, "i2t", {"alpha": 0.05}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("alpha < 0", ValueError, "alpha", hyper={"alpha": -0.1}),))

@@ -24,7 +24,7 @@ from . import _smooth_rank
 from . import _contract as C
 from ._floor import PASSES, pair_count, rw_bytes
 from ._launch import (DIRECTION_CODE, REDUCTION_CODE, cuda_kernels, dense_from_lists, kernel, mask_args, mat,
-                      module_for, relevance_args, relevance_lists)
+                      module_for, graded_relevance, relevance_args)
 from ._module import ModuleForm
 from ._native_op import NativeOp
 from ._row import Loss
@@ -150,10 +150,8 @@ def _smooth_ndcg_loss(check_hyper, sim, relevance, tau, direction, reduction, im
         loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
         return _reference(sim, relevance, tau, direction, reduction, mask)
-    if topk:
-        return SMOOTH_NDCG(sim, None, mask, relevance_lists(relevance, direction, cuda_kernels(sim)), tau,
-                           DIRECTION_CODE[direction], REDUCTION_CODE[reduction], *variant_codes())
-    return SMOOTH_NDCG(sim, relevance, mask, [], tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
+    rel, lists = graded_relevance(sim, relevance, direction)
+    return SMOOTH_NDCG(sim, rel, mask, lists, tau, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
                        *variant_codes())
 
 
@@ -165,7 +163,7 @@ class SmoothNDCGLoss(ModuleForm, functional=smooth_ndcg_loss, inputs=("sim", "re
 
 # ---------------------------------------------------------------- the contract (tests/test_contract.py)
 CONTRACT = C.glue_contract(
-    SMOOTH_NDCG, lambda x, h: (x["sim"], x["relevance"], x.get("mask"), [], h["tau"], *C.codes(h), *variant_codes()),
+    SMOOTH_NDCG, lambda x, h: (x["sim"], *C.graded(x, h), h["tau"], *C.codes(h), *variant_codes()),
     C.graded_examples({"tau": 0.3}, "t2i", {"tau": 0.5}),
     C.TENSOR_CASES + C.RELEVANCE_CASES + C.MASK_CASES + C.HYPER_CASES + (
         C.BadInput("negative relevance", ValueError, "relevance", inputs=lambda x: {"relevance": x["relevance"] - 1}),
