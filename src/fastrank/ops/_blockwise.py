@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .._native import acc_dtype, variant_codes
 from ..topk import Lists
-from . import _smooth_rank as SR
+from ._launch import DIRECTION_CODE, REDUCTION_CODE
 from . import recall_at_k as RK
 from . import smooth_ap as SA
 from . import smooth_ndcg as SN
@@ -46,29 +46,35 @@ def block_rows(block: int, rows: int, columns: int) -> int:
 
 
 # ---------------------------------------------------------------- the three row losses on a block
+# Each head runs its op's own fill functions (the NativeOp's ``forward`` and ``backward.fill``: the
+# kernels, no autograd) on a block: S is (block, C), direction i2t, reduction none, so the lists of
+# the block's rows stand in for the columns' (i2t alone never reads them, as in relevance_lists).
 # forward(S, lists of the block's rows, dense positives builder, hyper, (version, paths), with_grad) ->
-# (per-query losses, ws); backward(w, S, ws, hyper, (version, paths)) -> dS. S is (block, C), direction
-# i2t, reduction none.
+# (per-query losses, ws); backward(w, S, ws, hyper, (version, paths)) -> dS.
+I2T, NONE = DIRECTION_CODE["i2t"], REDUCTION_CODE["none"]
+
+
 def _ndcg_forward(S, rows: Lists, positives, hyper, variant, with_grad):
-    return SN._forward(S, None, None, [*rows, *rows], hyper[0], 1, 0, *variant, with_grad)
+    return SN.SMOOTH_NDCG.forward(S, None, None, [*rows, *rows], hyper[0], I2T, NONE, *variant, with_grad)
 
 
 def _ndcg_backward(w, S, ws, hyper, variant):
-    return SN._backward(w, S, None, ws, hyper[0], 1, 0, variant[0])
+    return SN.SMOOTH_NDCG.backward.fill(w, S, None, ws, hyper[0], I2T, NONE, variant[0])
 
 
 def _ap_forward(S, rows: Lists, positives, hyper, variant, with_grad):
-    return SA._forward(S, positives(), None, hyper[0], 1, 0, variant[0], with_grad)
+    return SA.SMOOTH_AP.forward(S, positives(), None, hyper[0], I2T, NONE, variant[0], with_grad)
 
 
 def _recall_forward(S, rows: Lists, positives, hyper, variant, with_grad):
     n_ks = int(hyper[1])
     ks, tau_k = list(hyper[2:2 + n_ks]), list(hyper[2 + n_ks:2 + 2 * n_ks])
-    return RK._forward(S, positives(), None, ks, tau_k, hyper[0], 1, 0, variant[0], with_grad)
+    return RK.RECALL_AT_K.forward(S, positives(), None, ks, tau_k, hyper[0], I2T, NONE, variant[0], with_grad)
 
 
 def _rank_backward(w, S, ws, hyper, variant):
-    return SR.backward(w, S, None, ws, 1, 0)
+    # Smooth-AP and Recall@k share the smooth-rank engine's backward
+    return SA.SMOOTH_AP.backward.fill(w, S, None, ws, I2T, NONE)
 
 
 HEADS: Dict[str, Tuple[Callable, Callable]] = {

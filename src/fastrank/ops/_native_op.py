@@ -15,6 +15,10 @@ forward's outputs, how many of them the caller gets, and a fake of the forward. 
   op under torch.compile, and the caller's outputs;
 - the contract's calls of each custom op on an example (:meth:`NativeOp.samples`).
 
+The fill functions stay reachable as ``op.forward`` and ``op.backward.fill``: the kernels alone,
+for a caller that runs them on pieces of its own and makes its own autograd (the losses from
+the embeddings run a row loss's fills on a block of similarities at a time, ops/_blockwise.py).
+
 The backward fill's parameters are matched by name: ``grad*`` ones take the upstream
 gradients of the caller's outputs (in order), the names of forward arguments and outputs
 take those, ``sim_dtype`` takes sim's dtype (for a backward that reads nothing else of
