@@ -160,6 +160,17 @@ def _reference(img, txt, relevance, scale, bias, positives, contrastive, tau, di
     return reduce([per_query], reduction), ranked
 
 
+def _checked(img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction, reduction,
+             block, impl) -> tuple:
+    """(contrastive, weight, tau, direction, reduction, block, scale, bias, positives, native) as
+    the loss uses them, ``native`` False where the reference path runs; or the error that names
+    the bad argument."""
+    hyper = _check_hyper(contrastive, weight, tau, direction, reduction, block)
+    impl = V.check_impl(impl)
+    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, hyper[0])
+    return (*hyper, scale, bias, pos, has_native(img.device, impl, "smooth_ndcg_loss"))
+
+
 def _single_process(img: Tensor, txt: Tensor, relevance: TopKRelevance, scale: Tensor, bias: Tensor,
                     positives: Tensor, direction: str) -> tuple:
     """:func:`terms`' (and :func:`loss`'s) tensor arguments for one process's batch."""
@@ -180,10 +191,9 @@ def both_terms(img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, 
     :func:`contrastive_smooth_ndcg_loss_from_embeddings`, for the callers that report them apart
     (fastrank.compat.open_clip's ``output_dict``); the arguments are that function's. Each term
     takes its own upstream gradient: the backward makes the blocks again (not fused)."""
-    contrastive, _, tau, direction, reduction, block = _check_hyper(contrastive, 0.0, tau, direction, reduction, block)
-    impl = V.check_impl(impl)
-    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
-    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+    contrastive, _, tau, direction, reduction, block, scale, bias, pos, native = _checked(
+        img, txt, relevance, logit_scale, logit_bias, positives, contrastive, 0.0, tau, direction, reduction, block, impl)
+    if not native:
         return _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction, reduction)
     per_query, ranked = terms(*_single_process(img, txt, relevance, scale, bias, pos, direction), contrastive, tau,
                               direction, block or 0)
@@ -236,11 +246,10 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
     matmuls a block a pass and none in the backward (the matrix path's three, twice); otherwise
     one a block a pass.
     """
-    contrastive, weight, tau, direction, reduction, block = _check_hyper(contrastive, weight, tau, direction,
-                                                                         reduction, block)
-    impl = V.check_impl(impl)
-    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
-    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+    contrastive, weight, tau, direction, reduction, block, scale, bias, pos, native = _checked(
+        img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction, reduction, block,
+        impl)
+    if not native:
         contrastive_loss, ranked = _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction,
                                               reduction)
         return contrastive_loss + weight * ranked
