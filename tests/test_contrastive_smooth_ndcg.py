@@ -228,6 +228,90 @@ def test_one_batch_sums_each_embeddings_two_gradients_in_one_buffer(contrastive,
     assert told == [True]
 
 
+class CountGathers(TorchDispatchMode):
+    """The gathers (advanced indexing, aten.index) seen."""
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket is torch.ops.aten.index
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_batch_makes_the_positive_logits_once(monkeypatch):
+    """One process's batch, InfoNCE in both directions: caption positives[i]'s t2i pair is image
+    i, the i2t pair i read the other way, so the positives' logits are gathered and made once
+    (one gather: txt[positives]) and used for both directions: by the combined loss with a
+    gradient wanted (fused) and without, and by the two terms apart. The same counter sees the
+    two gathers more of the t2i positives made apart where the pairs are not known to be the
+    same (shared not told, as fastrank.distributed's rank-local call), and one direction's."""
+    from fastrank.ops import contrastive_smooth_ndcg as CS
+    img, txt, rel, positives = inputs(10, 7, seed=6)
+    s = torch.tensor(3.0, dtype=torch.float64)
+    gathers = []
+    real = CS._positive_logits
+
+    def counted(*a):
+        with CountGathers() as seen:
+            out = real(*a)
+        gathers.append(seen.count)
+        return out
+    monkeypatch.setattr(CS, "_positive_logits", counted)
+
+    def count(fn, *x):
+        gathers.clear()
+        fn(*x)
+        return list(gathers)
+    fn = combined("info_nce", rel, positives, tau=0.1, block=3)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (img, txt, s)]
+    assert count(fn, *leaves) == [1]
+    with torch.no_grad():
+        assert count(fn, img, txt, s) == [1]
+    assert count(lambda *x: CS.both_terms(*x[:2], rel, x[2], positives=positives, block=3), *leaves) == [1]
+    args = CS._single_process(img, txt, rel, s, torch.zeros_like(s), positives, "both")
+    assert count(CS.loss, *args, "info_nce", 0.1, "both", 3, 1.0, [1.0, 1.0], True) == [1]
+    assert count(CS.loss, *args, "info_nce", 0.1, "both", 3, 1.0, [1.0, 1.0], False) == [3]
+    for direction, apart in (("i2t", [1]), ("t2i", [2])):
+        fn = combined("info_nce", rel, positives, tau=0.1, direction=direction, block=3)
+        assert count(fn, *leaves) == apart
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_positive_logits_made_once_equal_them_made_twice(reduction, monkeypatch):
+    """The positives' logits made once for both directions (one process's batch, InfoNCE, both
+    directions) are bit for bit those the t2i pairs give made apart, and the combined loss and
+    the two terms apart (value and the gradients of img, txt, logit_scale) equal those of the
+    path that makes them twice, float64."""
+    from fastrank.ops import contrastive_smooth_ndcg as CS
+    img, txt, rel, positives = inputs(10, 7, seed=14)
+    s = torch.tensor(3.0, dtype=torch.float64)
+    a, b, _, _, _, _, pos, pairs, _ = CS._single_process(img, txt, rel, s, torch.zeros_like(s), positives, "both")
+    once = CS._positive_logits(a, b, b, a, s, pos, pairs, "both", True)
+    twice = CS._positive_logits(a, b, b, a, s, pos, pairs, "both", False)
+    assert len(once) == len(twice) == 2 and once[1] is once[0]
+    assert torch.equal(once[0], twice[0]) and torch.equal(once[1], twice[1])
+
+    def fns():
+        def apart(x, y, z):
+            con, ranked = CS.both_terms(x, y, rel, z, positives=positives, tau=0.1, reduction=reduction, block=3)
+            return 0.3 * con + 1.9 * ranked
+        return combined("info_nce", rel, positives, weight=0.8, tau=0.1, reduction=reduction, block=3), apart
+    got = [with_grads(fn, img, txt, s) for fn in fns()]
+    with torch.no_grad():
+        got_values = [fn(img, txt, s) for fn in fns()]
+    real = CS._positive_logits
+    monkeypatch.setattr(CS, "_positive_logits", lambda *x: real(*x[:-1], False))   # twice, as where not shared
+    want = [with_grads(fn, img, txt, s) for fn in fns()]
+    with torch.no_grad():
+        want_values = [fn(img, txt, s) for fn in fns()]
+    for g, w in zip(got, want):
+        assert torch.equal(g[0], w[0])
+        assert_all_close(g, w)
+    for g, w in zip(got_values, want_values):
+        assert torch.equal(g, w)
+
+
 @pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
 def test_the_combined_loss_fuses_where_a_gradient_is_wanted(contrastive):
     """With a gradient wanted the combined loss calls the op fused (gradients made in the
@@ -283,9 +367,11 @@ def test_the_terms_apart_weighted_unequally(contrastive):
 
 @pytest.mark.parametrize("contrastive", ["info_nce", "siglip"])
 @pytest.mark.parametrize("direction", ["both", "i2t", "t2i"])
-def test_per_query_terms_gradcheck(contrastive, direction):
+@pytest.mark.parametrize("shared", [False, True])
+def test_per_query_terms_gradcheck(contrastive, direction, shared):
     """The per-query losses (reduction "none": each query its own upstream gradient, the blocks
-    made again in the backward) against finite differences, float64."""
+    made again in the backward) against finite differences, float64; told one process's batch
+    (shared: InfoNCE's positives' logits made once for both directions) or not."""
     from fastrank.ops._launch import relevance_lists
     from fastrank.ops.contrastive_smooth_ndcg import terms
     img, txt, rel, positives = inputs(5, 4, dim=3, seed=13)
@@ -293,7 +379,7 @@ def test_per_query_terms_gradcheck(contrastive, direction):
     pairs = (positives, torch.arange(5))
 
     def per_query(a, b, s, c):
-        con, ranked = terms(a, b, b, a, s, c, positives, pairs, lists, contrastive, 0.3, direction, 2)
+        con, ranked = terms(a, b, b, a, s, c, positives, pairs, lists, contrastive, 0.3, direction, 2, shared)
         return (con, *ranked)
     leaves = [x.detach().clone().requires_grad_(True) for x in (img, txt, *scalars("siglip"))]
     assert torch.autograd.gradcheck(per_query, leaves)

@@ -8,8 +8,9 @@ one matmul, InfoNCE's logsumexp (or SigLIP's terms) and smooth-NDCG's kernels on
 gradient is wanted the reduced loss (:func:`loss`) passes the reduction's weights and the op makes
 the gradients in the forward, block by block (fused: three matmuls a block a pass, the backward
 scaling them); the per-query terms (:func:`terms`, :func:`both_terms`) make each block again in
-the backward. The positives' logits are done here, in plain PyTorch; fastrank.distributed calls
-the same :func:`loss` with a rank's own queries.
+the backward. The positives' logits are done here, in plain PyTorch (for one process's batch
+in both directions, once for both); fastrank.distributed calls the same :func:`loss` with a
+rank's own queries.
 """
 from __future__ import annotations
 
@@ -62,13 +63,19 @@ def check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contra
 
 # ---------------------------------------------------------------- the terms
 def _positive_logits(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, s: Tensor, positives: Tensor,
-                     t2i_pairs: Tuple[Tensor, Tensor], direction: str) -> List[Tensor]:
-    """InfoNCE's logit of each query's positive, of each direction (i2t first)."""
+                     t2i_pairs: Tuple[Tensor, Tensor], direction: str, shared: bool) -> List[Tensor]:
+    """InfoNCE's logit of each query's positive, of each direction (i2t first). ``shared`` (one
+    process's batch, :func:`_single_process`: txt_q is txt_all, img_all is img_q and the t2i
+    pairs are (positives, arange(n))) in both directions: caption positives[i]'s pair is image
+    i, i2t's pair i read the other way, so its logit is the same number; it is made once (one
+    gather, one graph) and stands for both directions."""
     acc = acc_dtype(img_q.dtype)
     out = []
     if direction != "t2i":
         out.append(s * (img_q.to(acc) * txt_all.to(acc)[positives]).sum(dim=1))
-    if direction != "i2t":
+    if shared and direction == "both":
+        out.append(out[0])
+    elif direction != "i2t":
         cols, imgs = t2i_pairs
         out.append(s * (txt_q.to(acc)[cols] * img_all.to(acc)[imgs]).sum(dim=1))
     return out
@@ -76,13 +83,14 @@ def _positive_logits(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Ten
 
 def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: Tensor, bias: Tensor,
           positives: Tensor, t2i_pairs: Tuple[Tensor, Tensor], lists: List[Tensor], contrastive: str, tau: float,
-          direction: str, block: int) -> Tuple[Tensor, List[Tensor]]:
+          direction: str, block: int, shared: bool = False) -> Tuple[Tensor, List[Tensor]]:
     """(the contrastive per-query losses, smooth-NDCG's per-query losses of each direction) of
     the image queries ``img_q`` against ``txt_all`` and the caption queries ``txt_q`` against
     ``img_all``: ``positives`` (of img_q, into txt_all) for InfoNCE's i2t and SigLIP; InfoNCE's
     t2i queries are the pairs ``t2i_pairs`` = (caption query, its positive image in img_all);
-    ``lists``: the relevance of img_q's rows and of txt_q's columns. Their gradients, for any
-    upstream weights, make each block again in the backward."""
+    ``lists``: the relevance of img_q's rows and of txt_q's columns; ``shared``: one process's
+    batch (as :func:`loss`'s). Their gradients, for any upstream weights, make each block again
+    in the backward."""
     row_term, col_lse, ndcg = contrastive_ranking_from_embeddings(
         img_q, txt_all, txt_q, img_all, scale, bias, positives, lists, [], contrastive, tau, DIRECTION_CODE[direction],
         block, False)[:3]
@@ -91,7 +99,7 @@ def terms(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale:
     else:
         s = scale.to(row_term.dtype).reshape(())
         lse = ([row_term] if direction != "t2i" else []) + ([col_lse[t2i_pairs[0]]] if direction != "i2t" else [])
-        positive = _positive_logits(img_q, txt_all, txt_q, img_all, s, positives, t2i_pairs, direction)
+        positive = _positive_logits(img_q, txt_all, txt_q, img_all, s, positives, t2i_pairs, direction, shared)
         per_query = torch.cat([a - b for a, b in zip(lse, positive)])
     nr = img_q.shape[0]
     ranked = [ndcg[:nr], ndcg[nr:]] if direction == "both" else [ndcg]
@@ -120,13 +128,14 @@ def loss(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: 
     :func:`terms`'): the combined loss reduced. Where a gradient is wanted the op makes it in the
     forward, block by block while the block's similarities are in hand (fused: two passes of
     three matmuls, none in the backward, which scales the made gradients); otherwise the op
-    gives the per-query losses only. ``shared``: txt_q is txt_all and img_all is img_q (one
-    process's batch, :func:`_single_process`): the op sums each embedding's two gradients into one
-    buffer."""
+    gives the per-query losses only. ``shared``: txt_q is txt_all, img_all is img_q and
+    ``t2i_pairs`` is (positives, arange(n)) (one process's batch, :func:`_single_process`): the op
+    sums each embedding's two gradients into one buffer, and InfoNCE's positives' logits are made
+    once for both directions."""
     wanted = torch.is_grad_enabled() and any(t.requires_grad for t in (img_q, txt_all, txt_q, img_all, scale, bias))
     if not wanted:
         per_query, ranked = terms(img_q, txt_all, txt_q, img_all, scale, bias, positives, t2i_pairs, lists,
-                                  contrastive, tau, direction, block)
+                                  contrastive, tau, direction, block, shared)
         return contrastive_weight * per_query.sum() + sum(w * r.sum() for w, r in zip(ndcg_weights, ranked))
     acc = acc_dtype(img_q.dtype)
     nr, nc = img_q.shape[0], txt_q.shape[0]
@@ -144,7 +153,7 @@ def loss(img_q: Tensor, txt_all: Tensor, txt_q: Tensor, img_all: Tensor, scale: 
     if contrastive == "siglip":
         return total
     s = scale.to(acc).reshape(())
-    positive = _positive_logits(img_q, txt_all, txt_q, img_all, s, positives, t2i_pairs, direction)
+    positive = _positive_logits(img_q, txt_all, txt_q, img_all, s, positives, t2i_pairs, direction, shared)
     return total - contrastive_weight * sum(p.sum() for p in positive)
 
 
@@ -158,6 +167,17 @@ def _reference(img, txt, relevance, scale, bias, positives, contrastive, tau, di
         per_query = torch.cat(R.info_nce_per_query(a, b, s, positives, direction))
     ranked = SN.smooth_ndcg_loss(a @ b.t(), relevance.to_dense(acc), tau, direction, reduction, impl="reference")
     return reduce([per_query], reduction), ranked
+
+
+def _checked(img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction, reduction,
+             block, impl) -> tuple:
+    """(contrastive, weight, tau, direction, reduction, block, scale, bias, positives, native) as
+    the loss uses them, ``native`` False where the reference path runs; or the error that names
+    the bad argument."""
+    hyper = _check_hyper(contrastive, weight, tau, direction, reduction, block)
+    impl = V.check_impl(impl)
+    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, hyper[0])
+    return (*hyper, scale, bias, pos, has_native(img.device, impl, "smooth_ndcg_loss"))
 
 
 def _single_process(img: Tensor, txt: Tensor, relevance: TopKRelevance, scale: Tensor, bias: Tensor,
@@ -180,13 +200,12 @@ def both_terms(img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, 
     :func:`contrastive_smooth_ndcg_loss_from_embeddings`, for the callers that report them apart
     (fastrank.compat.open_clip's ``output_dict``); the arguments are that function's. Each term
     takes its own upstream gradient: the backward makes the blocks again (not fused)."""
-    contrastive, _, tau, direction, reduction, block = _check_hyper(contrastive, 0.0, tau, direction, reduction, block)
-    impl = V.check_impl(impl)
-    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
-    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+    contrastive, _, tau, direction, reduction, block, scale, bias, pos, native = _checked(
+        img, txt, relevance, logit_scale, logit_bias, positives, contrastive, 0.0, tau, direction, reduction, block, impl)
+    if not native:
         return _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction, reduction)
     per_query, ranked = terms(*_single_process(img, txt, relevance, scale, bias, pos, direction), contrastive, tau,
-                              direction, block or 0)
+                              direction, block or 0, shared=True)
     return reduce([per_query], reduction), reduce(ranked, reduction)
 
 
@@ -236,11 +255,10 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
     matmuls a block a pass and none in the backward (the matrix path's three, twice); otherwise
     one a block a pass.
     """
-    contrastive, weight, tau, direction, reduction, block = _check_hyper(contrastive, weight, tau, direction,
-                                                                         reduction, block)
-    impl = V.check_impl(impl)
-    scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, contrastive)
-    if not has_native(img.device, impl, "smooth_ndcg_loss"):
+    contrastive, weight, tau, direction, reduction, block, scale, bias, pos, native = _checked(
+        img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction, reduction, block,
+        impl)
+    if not native:
         contrastive_loss, ranked = _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction,
                                               reduction)
         return contrastive_loss + weight * ranked
