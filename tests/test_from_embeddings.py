@@ -137,6 +137,42 @@ def test_never_makes_the_similarity_matrix(loss):
     assert sizes.largest >= 8 * m                                   # it did see the blocks
 
 
+class _Calls(TorchDispatchMode):
+    """Records (op name, its first argument, its output) of every op called."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func.name(), args[0] if args else None, out))
+        return out
+
+
+@needs_native
+@pytest.mark.parametrize("loss", list(CASES))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_the_custom_op_reduces(loss, reduction):
+    """The custom op returns the reduced loss, which the function returns as it is (0-dim for
+    "mean" and "sum", one loss per query for "none"), and its backward takes that output's
+    gradient (docs/spec.md §1: the reduction is the op's, as for the matrix losses)."""
+    n, m = 9, 13
+    q, d, g = embeddings(n, m, seed=4)
+    pos = positive_indices(n, m, g)
+    rel = (topk(n, m, 3, g), pos, dense_positives(pos, m))
+    q.requires_grad_(True)
+    with _Calls() as forward:
+        value = CASES[loss][0](q, d, rel, direction="both", reduction=reduction, block=4, impl="native")
+    name, _, out = forward.calls[-1]
+    assert name == "fastrank::ranking_from_embeddings"
+    assert value.shape == (() if reduction != "none" else (n + m,)) and torch.equal(value, out)
+    with _Calls() as backward:
+        value.backward(torch.ones_like(value))
+    grads_in = [first for name, first, _ in backward.calls if name == "fastrank::ranking_from_embeddings_backward"]
+    assert len(grads_in) == 1 and grads_in[0].shape == value.shape
+
+
 @needs_native
 def test_gradient_caching_gives_the_full_batch_gradient():
     """The from-embeddings loss under fastrank.train.grad_cache.cached_step: the parameters'

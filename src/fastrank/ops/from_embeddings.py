@@ -5,7 +5,9 @@ of ``q @ d.T`` to rounding and never holding that (n, m) matrix or its gradient.
 Python -> two custom ops (``fastrank::ranking_from_embeddings`` and its backward,
 src/fastrank/ops/_blockwise.py) -> per block of queries a matmul and the row loss's own kernels
 (csrc/cpu/smooth_ndcg.cpp, smooth_ap.cpp, recall_at_k.cpp and their CUDA twins; smooth-NDCG's
-sparse path included). The reduction is done here, on the per-query losses.
+sparse path included). The op reduces the per-query losses itself, as every op does (docs/spec.md
+§1): "mean" over every query for smooth-NDCG, over the queries with a positive for Smooth-AP and
+Recall@k.
 """
 from __future__ import annotations
 
@@ -16,14 +18,13 @@ from torch import Tensor
 
 from .. import _validation as V
 from .._native import acc_dtype, has_native
-from .._reduce import reduce_counted
-from ..topk import Lists, TopKRelevance
+from ..topk import TopKRelevance
 from . import _contract as C
 from . import recall_at_k as RK
 from . import smooth_ap as SA
 from . import smooth_ndcg as SN
 from ._blockwise import ranking_from_embeddings
-from ._launch import DIRECTION_CODE, relevance_lists
+from ._launch import DIRECTION_CODE, REDUCTION_CODE, relevance_lists
 from ._module import ModuleForm
 from ._row import Loss
 
@@ -73,31 +74,13 @@ def _positive_lists(positives, q: Tensor, d: Tensor) -> TopKRelevance:
     return TopKRelevance(positives, torch.ones(positives.shape, dtype=acc_dtype(q.dtype), device=q.device), m)
 
 
-def _counted(lists: List[Tensor], rows: int, columns: int) -> Tensor:
-    """Which queries of a direction's Lists have a listed entry (a positive): for "mean"."""
-    lst = Lists(*lists)
-    row_of = lst.row_of_entries()
-    valid = (lst.index >= 0) & (lst.index < columns) & (row_of >= 0) & (row_of < rows)
-    count = torch.zeros(rows + 1, dtype=torch.int64, device=lst.index.device)
-    count.scatter_add_(0, torch.where(valid, row_of, torch.full_like(row_of, rows)), valid.to(torch.int64))
-    return count[:rows] > 0
-
-
 def _call(q: Tensor, d: Tensor, rel: TopKRelevance, loss: str, hyper: List[float], direction: str,
-          reduction: str, block: Optional[int], counted_by_positives: bool) -> Tensor:
-    """The per-query losses of the custom op, reduced (docs/spec.md §1; "mean" over the queries
-    with a positive for the positive-set losses, over every query for smooth-NDCG)."""
+          reduction: str, block: Optional[int], mean_over_positives: bool) -> Tensor:
+    """The custom op's loss, reduced in the op (docs/spec.md §1; "mean" over the queries with a
+    positive for the positive-set losses, over every query for smooth-NDCG)."""
     lists = relevance_lists(rel.detach(), direction)
-    per_query = ranking_from_embeddings(q, d, lists, loss, hyper, DIRECTION_CODE[direction], block or 0)
-    n, m = q.shape[0], d.shape[0]
-    parts, counted, at = [], [], 0
-    for name, rows, cols, part in (("i2t", n, m, lists[0:3]), ("t2i", m, n, lists[3:6])):
-        if direction in (name, "both"):
-            parts.append(per_query[at:at + rows])
-            counted.append(_counted(part, rows, cols) if counted_by_positives
-                           else torch.ones(rows, dtype=torch.bool, device=q.device))
-            at += rows
-    return reduce_counted(parts, counted, reduction)
+    return ranking_from_embeddings(q, d, lists, loss, hyper, DIRECTION_CODE[direction], REDUCTION_CODE[reduction],
+                                   mean_over_positives, block or 0)
 
 
 # ---------------------------------------------------------------- smooth-NDCG
@@ -131,7 +114,7 @@ def smooth_ndcg_loss_from_embeddings(q: Tensor, d: Tensor, relevance: TopKReleva
     if not has_native(q.device, impl, "smooth_ndcg_loss"):
         return SN.smooth_ndcg_loss(q @ d.t(), relevance.to_dense(acc_dtype(q.dtype)), tau, direction, reduction,
                                    impl="reference")
-    return _call(q, d, relevance, "smooth_ndcg", [tau], direction, reduction, block, counted_by_positives=False)
+    return _call(q, d, relevance, "smooth_ndcg", [tau], direction, reduction, block, mean_over_positives=False)
 
 
 class SmoothNDCGLossFromEmbeddings(ModuleForm, functional=smooth_ndcg_loss_from_embeddings,
@@ -164,7 +147,7 @@ def smooth_ap_loss_from_embeddings(q: Tensor, d: Tensor, positives: Optional[Ten
     _check_values(q, d, rel if positives is not None else None, "smooth_ap")
     if not has_native(q.device, impl, "smooth_ap_loss"):
         return SA.smooth_ap_loss(q @ d.t(), rel.to_dense() != 0, tau, direction, reduction, impl="reference")
-    return _call(q, d, rel, "smooth_ap", [tau], direction, reduction, block, counted_by_positives=True)
+    return _call(q, d, rel, "smooth_ap", [tau], direction, reduction, block, mean_over_positives=True)
 
 
 class SmoothAPLossFromEmbeddings(ModuleForm, functional=smooth_ap_loss_from_embeddings,
@@ -199,7 +182,7 @@ def recall_at_k_loss_from_embeddings(q: Tensor, d: Tensor, positives: Optional[T
         return RK.recall_at_k_loss(q @ d.t(), rel.to_dense() != 0, ks, tau, tau_k, direction, reduction,
                                    impl="reference")
     hyper = [tau, float(len(ks)), *[float(k) for k in ks], *[float(t) for t in tau_k]]
-    return _call(q, d, rel, "recall_at_k", hyper, direction, reduction, block, counted_by_positives=True)
+    return _call(q, d, rel, "recall_at_k", hyper, direction, reduction, block, mean_over_positives=True)
 
 
 class RecallAtKLossFromEmbeddings(ModuleForm, functional=recall_at_k_loss_from_embeddings,
@@ -244,17 +227,18 @@ def _positive_examples(head_hyper):
     return examples
 
 
-def _samples(loss: str, hyper_of, rel_of):
-    """The contract's calls of the two custom ops on an example."""
+def _samples(loss: str, mean_over_positives: bool, hyper_of, rel_of):
+    """The contract's calls of the two custom ops on an example (its direction and reduction)."""
     def samples(ex):
         h = ex.hyper
         direction = h.get("direction", "both")
         q = ex.inputs["q"].detach().clone().requires_grad_(True)
         d = ex.inputs["d"].detach().clone().requires_grad_(True)
         lists = relevance_lists(rel_of(ex.inputs, q, d), direction)
-        args = (q, d, lists, loss, hyper_of(h), DIRECTION_CODE[direction], h.get("block") or 0)
-        per_query = ranking_from_embeddings(q.detach(), d.detach(), *args[2:])
-        grad = C.upstream(per_query)
+        args = (q, d, lists, loss, hyper_of(h), DIRECTION_CODE[direction], REDUCTION_CODE[h.get("reduction", "mean")],
+                mean_over_positives, h.get("block") or 0)
+        out = ranking_from_embeddings(q.detach(), d.detach(), *args[2:])
+        grad = C.upstream(out)
         return [("fastrank::ranking_from_embeddings", args),
                 ("fastrank::ranking_from_embeddings_backward", (grad, q.detach(), d.detach(), *args[2:]))]
     return samples
@@ -285,7 +269,7 @@ _POSITIVE_CASES = (
 ROWS = (
     Loss("smooth_ndcg_from_embeddings", smooth_ndcg_loss_from_embeddings, SmoothNDCGLossFromEmbeddings,
          C.Contract(_OPS, _topk_examples,
-                    _samples("smooth_ndcg", lambda h: [h["tau"]], lambda x, q, d: x["relevance"]),
+                    _samples("smooth_ndcg", False, lambda h: [h["tau"]], lambda x, q, d: x["relevance"]),
                     _EMBEDDING_CASES + (
                         C.BadInput("relevance as a matrix", TypeError, "relevance",
                                    inputs=lambda x: {"relevance": x["relevance"].to_dense()}),
@@ -293,13 +277,13 @@ ROWS = (
          combined=False, cuda_matrix="test_from_embeddings.py"),
     Loss("smooth_ap_from_embeddings", smooth_ap_loss_from_embeddings, SmoothAPLossFromEmbeddings,
          C.Contract(_OPS, _positive_examples({}),
-                    _samples("smooth_ap", lambda h: [h["tau"]],
+                    _samples("smooth_ap", True, lambda h: [h["tau"]],
                              lambda x, q, d: _positive_lists(x["positives"], q, d)),
                     _EMBEDDING_CASES + _POSITIVE_CASES + (C.BadInput("tau < 0", ValueError, "tau", hyper={"tau": -1.0}),)),
          combined=False, cuda_matrix="test_from_embeddings.py"),
     Loss("recall_at_k_from_embeddings", recall_at_k_loss_from_embeddings, RecallAtKLossFromEmbeddings,
          C.Contract(_OPS, _positive_examples({"ks": (1, 2, 4), "tau_k": (1.0, 0.5, 2.0)}),
-                    _samples("recall_at_k", _recall_hyper, lambda x, q, d: _positive_lists(x["positives"], q, d)),
+                    _samples("recall_at_k", True, _recall_hyper, lambda x, q, d: _positive_lists(x["positives"], q, d)),
                     _EMBEDDING_CASES + _POSITIVE_CASES + (
                         C.BadInput("ks holds 0", ValueError, "ks", hyper={"ks": (0, 1), "tau_k": 1.0}),)),
          combined=False, cuda_matrix="test_from_embeddings.py"),
