@@ -123,7 +123,9 @@ def test_oracle_hand_example():
 
 
 # ---- (2) native vs reference ---------------------------------------------------------
-SHAPES = [(7, 5), (5, 7), (1, 6), (6, 1), (1, 1), (2, 2), (13, 2), (33, 40)]
+# (150, 70), (70, 150): the t2i queries in more than one tile of 64 columns, the last one part
+# full, split across threads (csrc/cpu/kendall.cpp, kColumnTile)
+SHAPES = [(7, 5), (5, 7), (1, 6), (6, 1), (1, 1), (2, 2), (13, 2), (33, 40), (150, 70), (70, 150)]
 KINDS = ["random", "ties", "equal_rel", "zero_rel", "large"]
 
 
@@ -554,7 +556,7 @@ def test_per_call_lean():
 
 # ---- (9b) relevance as lists: fastrank.TopKRelevance (docs/spec.md §2.1b) ------------------------
 @pytest.mark.parametrize("impl", ["native", "reference"])
-@pytest.mark.parametrize("shape", [(1, 1), (1, 6), (6, 1), (7, 30), (30, 7)])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 6), (6, 1), (7, 30), (30, 7), (70, 150)])
 @pytest.mark.parametrize("masked", [False, True])
 def test_topk_relevance_equals_its_matrix(impl, shape, masked):
     """A TopKRelevance gives the loss and gradient of the (N, M) matrix it stands for: rows of

@@ -20,7 +20,9 @@
 //     float) until the division by max(1, cnt).
 //  4. scatter g / max(1, cnt) (+ poison) to the query's row (or column) of dsim.
 // Memory plan: O(n_c) scratch per thread (s, r, r + a, g, the index as float, the
-// column index, radix keys); outputs dsim (n_dir, n, m), aux, loss. Never (n, m, m).
+// column index, radix keys), and for the t2i queries of a row-major sim a tile of 64 columns'
+// s, r (a relevance matrix) and gradient (3 x 64 n_c values); outputs dsim (n_dir, n, m),
+// aux, loss. Never (n, m, m).
 // Parallelism: OpenMP over the queries of a direction when the work is large enough;
 // each query is summed by one thread in a fixed order, the reduction runs serially in
 // query order (double): bit-identical run to run.
@@ -196,6 +198,13 @@ T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
   return static_cast<T>(total) / denom;
 }
 
+// The column queries (t2i) of a row-major sim without a mask go kColumnTile at a time: the
+// tile's columns of sim (and of a relevance matrix) are gathered together (gather_rows: whole
+// lines of each row for the tile, where a column alone reads a line per value), its queries'
+// gradient rows written to a tile buffer and transposed into dsim after the last (a row segment
+// per candidate). The same tile as smooth_ndcg.cpp's column queries, for the same reason.
+constexpr int64_t kColumnTile = 64;
+
 // One direction: n_q queries of n_c candidates; dsim slab written at out + q * o_q + c * o_c.
 template <typename T>
 void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c,
@@ -205,6 +214,8 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
   // below ~50 us of work a parallel region costs more than it saves (and on a busy
   // machine it can wait a whole time slice for its second thread)
   const bool parallel = n_q > 1 && n_q * n_pad * n_pad / 2 >= (int64_t(1) << 18);
+  const bool listed = lists.offsets != nullptr;
+  const bool tiles = mask == nullptr && s_q == 1 && s_c != 1 && o_q == 1 && (listed || r_q == 1);
   auto query = [&](Scratch<T>& w, int64_t q) {
       const T* srow = sim + q * s_q;
       const RowView<T> rv = relevance_row(lists, rel, r_q, r_c, q, n_c, w.rel_row);
@@ -233,14 +244,51 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
       qloss[q] = one_query(w, v, alpha, orow, o_c);
       qvalid[q] = v > 0 ? T(1) : T(0);
   };
+  // one tile of column queries q0 .. q0 + nt - 1 (tiles above): the tile buffers are w's
+  auto tile = [&](Scratch<T>& w, std::vector<T>& ts, std::vector<T>& tr, std::vector<T>& tg, int64_t q0) {
+      const int64_t nt = std::min(kColumnTile, n_q - q0);
+      gather_rows(sim, s_q, s_c, q0, nt, n_c, ts.data());
+      if (!listed) gather_rows(rel, r_q, r_c, q0, nt, n_c, tr.data());
+      for (int64_t t = 0; t < nt; ++t) {
+        const int64_t q = q0 + t;
+        std::copy(ts.data() + t * n_c, ts.data() + (t + 1) * n_c, w.s0);
+        const T* rrow = listed ? relevance_row(lists, rel, r_q, r_c, q, n_c, w.rel_row).row : tr.data() + t * n_c;
+        std::copy(rrow, rrow + n_c, w.r0);
+        for (int64_t c = 0; c < n_c; ++c) w.c0[c] = static_cast<int32_t>(c);
+        qloss[q] = one_query(w, n_c, alpha, tg.data() + t * n_c, int64_t(1));
+        qvalid[q] = n_c > 0 ? T(1) : T(0);
+      }
+      transpose_block(tg.data(), n_c, out + q0, o_c, n_c, nt);
+  };
+  if (tiles) {
+    const int64_t n_tiles = (n_q + kColumnTile - 1) / kColumnTile;
+    const size_t tile_size = static_cast<size_t>(std::min(kColumnTile, n_q) * n_c);
+    auto tiles_of_a_thread = [&](bool shared) {
+      Scratch<T> w(n_pad, listed);
+      std::vector<T> ts(tile_size), tr(listed ? 0 : tile_size), tg(tile_size);
+      if (!shared) {
+        for (int64_t i = 0; i < n_tiles; ++i) tile(w, ts, tr, tg, i * kColumnTile);
+        return;
+      }
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n_tiles; ++i) tile(w, ts, tr, tg, i * kColumnTile);
+    };
+    if (!parallel) {  // as below: no OpenMP region for small problems
+      tiles_of_a_thread(false);
+      return;
+    }
+#pragma omp parallel
+    tiles_of_a_thread(true);
+    return;
+  }
   if (!parallel) {  // no OpenMP region at all for small problems (its entry costs ~1 us)
-    Scratch<T> w(n_pad, lists.offsets != nullptr);
+    Scratch<T> w(n_pad, listed);
     for (int64_t q = 0; q < n_q; ++q) query(w, q);
     return;
   }
 #pragma omp parallel
   {
-    Scratch<T> w(n_pad, lists.offsets != nullptr);
+    Scratch<T> w(n_pad, listed);
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < n_q; ++q) query(w, q);
   }
