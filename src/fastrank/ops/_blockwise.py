@@ -60,7 +60,8 @@ def block_rows(block: int, rows: int, columns: int) -> int:
 # the block's rows stand in for the columns' (i2t alone never reads them, as in relevance_lists).
 # forward(S, lists of the block's rows, dense positives builder, hyper, (version, paths), with_grad) ->
 # (per-query losses, ws); backward(w, S, ws, hyper, (version, paths)) -> dS.
-I2T, NONE, MEAN = DIRECTION_CODE["i2t"], REDUCTION_CODE["none"], REDUCTION_CODE["mean"]
+# (None where fastrank is imported without its native module: no op of this file runs then)
+I2T, NONE, MEAN = DIRECTION_CODE.get("i2t"), REDUCTION_CODE.get("none"), REDUCTION_CODE.get("mean")
 _REDUCTION_NAME = {code: name for name, code in REDUCTION_CODE.items()}
 
 
