@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+import fastrank
+
 # Elements of the (block, C, C) pairwise tensor a block may build: 2^24 floats = 64 MB.
 BLOCK_ELEMENTS = 1 << 24
 
@@ -46,21 +48,24 @@ def chunked_per_query(fn: Callable, pair_elements: Callable[[int], int] = lambda
     depends on its own row (i2t) or column (t2i) only, so the mean over queries is the
     sum over blocks of the block's ``reduction="sum"`` divided by the query count.
     pair_elements(C): elements one query needs (C^2 for a pairwise loss), which sets the
-    block size.
+    block size. A TopKRelevance is made its (N, M) matrix first (the blocks slice it).
     """
-    def loss(sim: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    def loss(sim: torch.Tensor, relevance, direction: str = "both") -> torch.Tensor:
+        if isinstance(relevance, fastrank.TopKRelevance):
+            relevance = relevance.to_dense(sim.dtype)
         n, m = sim.shape
         total = sim.new_zeros(())
-        for direction, queries, cands in (("i2t", n, m), ("t2i", m, n)):
+        sides = [side for side in (("i2t", n, m), ("t2i", m, n)) if direction in (side[0], "both")]
+        for side, queries, cands in sides:
             block = max(1, BLOCK_ELEMENTS // max(1, pair_elements(cands)))
 
-            def part(s, r, direction=direction):
-                return fn(s, r, direction=direction, reduction="sum", impl="reference", **kw)
+            def part(s, r, side=side):
+                return fn(s, r, direction=side, reduction="sum", impl="reference", **kw)
 
             acc = sim.new_zeros(())
             for start in range(0, queries, block):
                 idx = slice(start, start + block)
-                s, r = (sim[idx], relevance[idx]) if direction == "i2t" else (sim[:, idx], relevance[:, idx])
+                s, r = (sim[idx], relevance[idx]) if side == "i2t" else (sim[:, idx], relevance[:, idx])
                 acc = acc + checkpoint(part, s, r, use_reentrant=False)
             total = total + acc / queries
         return total

@@ -79,6 +79,12 @@ def parser(case_names=()) -> argparse.ArgumentParser:
                    help="of the free memory, per cell (default 0.5)")
     g.add_argument("--mem-budget-gb", type=A.positive_float, default=None, help="hard cap on one cell's memory")
     g.add_argument("--no-floors", action="store_true", help="do not measure the ceilings")
+    g.add_argument("--directions", type=A.csv(choices=("i2t", "t2i", "both")), default=None,
+                   help="i2t, t2i, both: each op that takes a direction once per direction given, the rows side "
+                        "by side with t2i / i2t (default: both, as one call)")
+    g.add_argument("--topk", type=A.positive_int, default=None, metavar="K",
+                   help="the graded ops that take a fastrank.TopKRelevance (smooth_ndcg, kendall) get one of K "
+                        "random columns a row with random gains instead of the dense relevance")
     g = p.add_argument_group("percall")
     g.add_argument("--samples", type=A.positive_int, default=None, help="samples per cell (default 25)")
     g.add_argument("--sample-time", type=A.positive_float, default=None,
@@ -99,7 +105,8 @@ def parser(case_names=()) -> argparse.ArgumentParser:
     g.add_argument("--towers", type=A.csv(), default=None, help="text, image (default: both; --quick: image)")
     g.add_argument("--sizes", type=A.csv(A.positive_int), default=None,
                    help="scale: batch sizes (default: 256..8192 image, 256, 1024, 4096, 8192 text); "
-                        "loss_scale: n (default 1024..32768)")
+                        "loss_scale: n (default 1024..32768); sweep: N = M instead of each op's sizes "
+                        "(the ops of N x N sizes)")
     g = p.add_argument_group("quality")
     g.add_argument("--full", action="store_true",
                    help="the full setting (5 splits, K = 3, 6, 12, 25, the hyper-parameter search: ~4 h on 2 cores)")

@@ -18,6 +18,7 @@ table carries it here; ceilings.py turns them into seconds with the device's mea
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -99,6 +100,13 @@ def sim_inputs(size, device, dtype, requires_grad):
     """sim uniform in [-1, 1) alone (losses whose positives default to the diagonal)."""
     sim = (torch.rand(size["n"], size["m"], device=device) * 2 - 1).to(dtype)
     return {"sim": sim.requires_grad_(requires_grad)}
+
+
+def random_topk(n, m, k, device, dtype) -> fastrank.TopKRelevance:
+    """A TopKRelevance of n rows over m columns: min(k, m) distinct random columns a row, each
+    with a random gain in [0, 1)."""
+    idx = torch.argsort(torch.rand(n, m, device=device), dim=1)[:, :min(k, m)]
+    return fastrank.TopKRelevance(idx, torch.rand(idx.shape, device=device).to(dtype), m)
 
 
 def cubic_work(size):
@@ -351,8 +359,7 @@ def embedding_inputs(row_name):
         d = torch.nn.functional.normalize(torch.randn(m, EMB_D, device=device), dim=1).to(dtype)
         out = {"q": q.requires_grad_(requires_grad), "d": d.requires_grad_(requires_grad)}
         if row_name == "smooth_ndcg_from_embeddings":
-            idx = torch.argsort(torch.rand(n, m, device=device), dim=1)[:, :EMB_K]
-            out["relevance"] = fastrank.TopKRelevance(idx, torch.rand(n, EMB_K, device=device).to(dtype), m)
+            out["relevance"] = random_topk(n, m, EMB_K, device, dtype)
         return out
     return inputs
 
@@ -361,8 +368,9 @@ def _matrix_path(fn_name):
     """The loss's matrix path: the native loss of the table on q @ d.T (the (N, M) matrix held)."""
     matrix = getattr(fastrank, fn_name.replace("_from_embeddings", ""))
 
-    def call(q, d, relevance=None):
-        return matrix(q @ d.T, relevance, impl="native") if relevance is not None else matrix(q @ d.T, impl="native")
+    def call(q, d, relevance=None, **kw):
+        args = (q @ d.T,) if relevance is None else (q @ d.T, relevance)
+        return matrix(*args, impl="native", **kw)
     return call
 
 
@@ -399,9 +407,7 @@ def contrastive_inputs(row_name):
             out["logit_bias"] = torch.tensor(-10.0, device=device)
         out = {k: v.requires_grad_(requires_grad) for k, v in out.items()}
         if row_name == "contrastive_smooth_ndcg_from_embeddings":
-            n, m = size["n"], size["m"]
-            idx = torch.argsort(torch.rand(n, m, device=device), dim=1)[:, :min(EMB_K, m)]
-            out["relevance"] = fastrank.TopKRelevance(idx, torch.rand(idx.shape, device=device).to(dtype), m)
+            out["relevance"] = random_topk(size["n"], size["m"], EMB_K, device, dtype)
         return out
     return inputs
 
@@ -478,3 +484,67 @@ OPS: Dict[str, Op] = {**_native_ops(), **{op.name: op for op in (
     pytorch_loss("ladder", "ladder loss, hard rungs (docs/spec.md §2.5)", lambda sim, relevance: fastrank.ladder_loss(sim, relevance)),
     pytorch_loss("topk", "top-k negatives triplet (docs/spec.md §2.6)", lambda sim, relevance: fastrank.topk_loss(sim)),
 )}}
+
+
+# ------------------------------------------------------------------ one direction, top-k relevance (the sweep's options)
+
+DIRECTIONS = ("i2t", "t2i", "both")
+
+
+def _function(op: Op):
+    return getattr(fastrank, op.requires, None) if op.requires else None
+
+
+def takes_direction(op: Op) -> bool:
+    """Whether every call of the op takes ``direction=`` (its fastrank function does)."""
+    fn = _function(op)
+    return fn is not None and "direction" in inspect.signature(fn).parameters
+
+
+def takes_topk(op: Op) -> bool:
+    """Whether the op's relevance is the dense graded matrix (graded_inputs) and its fastrank
+    function takes a TopKRelevance in its place."""
+    fn = _function(op)
+    param = inspect.signature(fn).parameters.get("relevance") if fn is not None else None
+    return op.inputs is graded_inputs and param is not None and "TopKRelevance" in str(param.annotation)
+
+
+def variant_sizes(sizes: List[dict], directions: Optional[List[str]] = None,
+                  topk: Optional[int] = None) -> List[dict]:
+    """Each size once per direction (in the order given; each size's directions side by side)
+    where ``directions`` is given, with ``topk`` where it is: the keys :func:`variant` reads."""
+    extra = {"topk": topk} if topk else {}
+    return [{**s, **({"direction": d} if d else {}), **extra} for s in sizes for d in (directions or [None])]
+
+
+def variant(op: Op, directions: Optional[List[str]] = None, topk: Optional[int] = None) -> Op:
+    """The op as the sweep calls it with ``--directions`` and ``--topk`` (its sizes:
+    :func:`variant_sizes`): a size's ``direction`` goes to every call as ``direction=``; a
+    size's ``topk`` replaces the dense relevance by :func:`random_topk`'s TopKRelevance of
+    that many entries a row. Both show in the size's label and in the op's notes. A size
+    with either has no floor (the op's model counts the dense work of both directions). A
+    size without them is the op as it is."""
+    def inputs(size, device, dtype, requires_grad):
+        out = op.inputs(size, device, dtype, requires_grad)
+        if size.get("topk"):
+            out["relevance"] = random_topk(size["n"], size["m"], size["topk"], device, dtype)
+        if size.get("direction"):
+            out["direction"] = size["direction"]
+        return out
+
+    def size_label(size):
+        extra = ([size["direction"]] if size.get("direction") else []) + (
+            [f"top-{size['topk']}"] if size.get("topk") else [])
+        return ", ".join([op.size_label(size), *extra])
+
+    def floor(mode, size, itemsize):
+        plain = size.get("direction", "both") == "both" and not size.get("topk")
+        return op.floor(mode, size, itemsize) if plain and op.floor else None
+
+    notes = op.notes
+    if directions:
+        called = f"direction={' / '.join(directions)} (a row each)"
+        notes = notes.replace("direction=both", called) if "direction=both" in notes else f"{called}, {notes}"
+    if topk:
+        notes += f"; relevance: a TopKRelevance of {topk} random columns a row, random gains in [0, 1)"
+    return dataclasses.replace(op, inputs=inputs, size_label=size_label, floor=floor, notes=notes)

@@ -1,5 +1,5 @@
 """The picture of a result: speed-up and peak memory against N, log scales, one line per
-implementation, the floor drawn.
+implementation (and direction, for the sweep's --directions), the floor drawn.
 
 One PNG per result file, one row per op (the PyTorch losses share a row), in the op's
 headline mode (forward+backward where it has one). Left: speed-up over the case's
@@ -45,6 +45,13 @@ def _rows(payload: dict):
     return rows
 
 
+def _line(r: dict) -> str:
+    """A record's line: its implementation, and its direction where its size has one (the
+    sweep's --directions: a line per direction)."""
+    direction = (r.get("size") or {}).get("direction")
+    return f"{r['impl']}, {direction}" if direction else r["impl"]
+
+
 def plot(payload: dict, path: Path) -> Optional[Path]:
     """Write the PNG; None (and no file) when there is nothing to draw."""
     from quality import report as quality_report
@@ -68,10 +75,10 @@ def plot(payload: dict, path: Path) -> Optional[Path]:
         for op, _mode, ok in members:
             base = {r["size_label"]: r["time"]["median_s"] for r in ok if r["impl"] == baselines[op]}
             floor = []
-            for i, impl in enumerate(OrderedDict.fromkeys(r["impl"] for r in ok)):
-                every = sorted((r for r in ok if r["impl"] == impl), key=lambda r: r["x"])
+            for i, line in enumerate(OrderedDict.fromkeys(_line(r) for r in ok)):
+                every = sorted((r for r in ok if _line(r) == line), key=lambda r: r["x"])
                 rs = [r for r in every if r["size_label"] in base]    # a speed-up needs the baseline's time
-                label = f"{op} ({impl})" if several else impl
+                label = f"{op} ({line})" if several else line
                 color = f"C{(len(ax_s.lines) if several else i) % 10}"
                 ax_s.plot([r["x"] for r in rs], [base[r["size_label"]] / r["time"]["median_s"] for r in rs],
                           marker="o", label=label, color=color)

@@ -11,7 +11,6 @@ gpu_check.sh runs it for the kernels whose timings were furthest from their floo
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from pathlib import Path
 
@@ -22,13 +21,12 @@ import torch  # noqa: E402
 
 import fastrank  # noqa: E402
 from benchmarks.cli_args import A  # noqa: E402
-from benchmarks.ops import OPS  # noqa: E402
+from benchmarks.ops import OPS, takes_direction  # noqa: E402
 
 
 def losses():
     """The ops of ops.py that are fastrank losses with a direction."""
-    return [name for name, op in OPS.items() if op.requires and hasattr(fastrank, op.requires)
-            and "direction" in inspect.signature(getattr(fastrank, op.requires)).parameters]
+    return [name for name, op in OPS.items() if takes_direction(op)]
 
 
 def parser() -> A.Parser:

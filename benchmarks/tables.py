@@ -16,6 +16,8 @@ is asked for, each a token:
 ``impl:loop``       measured / the C++-loop floor of pair work (CPU, ceilings.py)
 ``impl:per_output`` peak extra memory in output matrices
 ``impl:diff``       the largest difference from the baseline's value
+``impl:t2i/i2t``    on a t2i row, its median / the median of the i2t row of the
+                    same op, mode and size (rows whose size has a ``direction``)
 ==================  ==========================================================
 
 ``token as Label`` names the column. Skipped cases show why, shortly ("skip: mem 16 GB").
@@ -71,7 +73,9 @@ class Column:
     def __init__(self, token: str):
         token, _, label = (t.strip() for t in token.partition(" as "))
         self.token = token
-        if "/" in token:
+        if token.endswith(":t2i/i2t"):
+            self.impl, self.kind = token[:-len(":t2i/i2t")], "directions"
+        elif "/" in token:
             self.kind, (self.impl, self.other) = "ratio", token.split("/", 1)
         else:
             self.impl, _, self.kind = token.partition(":")
@@ -80,10 +84,18 @@ class Column:
             "cell": self.impl, "spread": self.impl, "time": self.impl, "mem": f"{self.impl} peak",
             "cpu": f"{self.impl} CPU time", "ratio": f"{self.impl} / {getattr(self, 'other', '')}",
             "floor": f"{self.impl} / floor", "loop": f"{self.impl} / C++ loop floor", "floors": f"{self.impl} floor (bytes / work)",
-            "per_output": f"{self.impl} peak / one output", "diff": "max abs diff"}[self.kind]
+            "per_output": f"{self.impl} peak / one output", "diff": "max abs diff",
+            "directions": f"{self.impl} t2i / i2t"}[self.kind]
 
-    def cell(self, by_impl: Dict[str, dict]) -> str:
+    def cell(self, by_impl: Dict[str, dict], i2t: Optional[Dict[str, dict]] = None) -> str:
+        """The cell of a row (``by_impl``: its records by implementation); ``i2t``: the
+        records of the i2t row of the same op, mode and size, for a t2i row."""
         r = by_impl.get(self.impl)
+        if self.kind == "directions":
+            o = (i2t or {}).get(self.impl)
+            if r and o and r["status"] == "ok" and o["status"] == "ok" and o["time"]["median_s"]:
+                return f"{r['time']['median_s'] / o['time']['median_s']:.3g}x"
+            return ""
         if self.kind == "ratio":
             o = by_impl.get(self.other)
             if r and o and r["status"] == "ok" and o["status"] == "ok" and o["time"]["median_s"]:
@@ -154,11 +166,23 @@ def table(records: List[dict], columns: Iterable[str], row_label: Optional[str] 
             + ([row_label or "size"] if show_size else []))
     head += [c.label for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    i2t = {_undirected(r): r for r in records if _direction(r) == "i2t"}
     for op, mode, size, _x in keys:
         by_impl = {r["impl"]: r for r in records if (r["op"], r["mode"], r["size_label"]) == (op, mode, size)}
+        peers = {impl: i2t.get(_undirected(r)) for impl, r in by_impl.items() if _direction(r) == "t2i"}
         row = ([op] if show_op else []) + ([mode] if show_mode else []) + ([size] if show_size else [])
-        lines.append("| " + " | ".join(row + [c.cell(by_impl) for c in cols]) + " |")
+        lines.append("| " + " | ".join(row + [c.cell(by_impl, peers) for c in cols]) + " |")
     return "\n".join(lines)
+
+
+def _direction(r: dict) -> Optional[str]:
+    """The direction a record's size names (the sweep's --directions), or None."""
+    return (r.get("size") or {}).get("direction")
+
+
+def _undirected(r: dict) -> tuple:
+    """What a record is but its direction: op, implementation, mode and the rest of its size."""
+    return (r["op"], r["impl"], r["mode"], tuple(sorted((k, v) for k, v in r["size"].items() if k != "direction")))
 
 
 def default_columns(payload: dict, op: str, records: List[dict]) -> List[str]:
@@ -171,6 +195,8 @@ def default_columns(payload: dict, op: str, records: List[dict]) -> List[str]:
     fast = "native" if "native" in impls else next((i for i in impls if i != baseline), None)
     ratios = rep.get("ratios") or ([f"{baseline}/{fast}"] if baseline and fast else [])
     cols += [q for q in ratios if all(p in impls for p in q.split("/"))]
+    if fast and {"i2t", "t2i"} <= {_direction(r) for r in records if r["impl"] == fast}:
+        cols.append(f"{fast}:t2i/i2t")
     if fast and any("peak_over_one_output" in (r.get("memory") or {}) for r in records if r["impl"] == fast):
         cols.append(f"{fast}:per_output")
     if fast and any(r.get("max_abs_diff") is not None for r in records if r["impl"] == fast):

@@ -441,6 +441,66 @@ def test_sweep_saves_after_every_record(bench, tmp_path):
     assert final["complete"] is True
 
 
+def _sweep(bench, argv, tmp_path):
+    import torch
+    from benchmarks import cli
+    args = cli.parser(list(bench.cases.CASES)).parse_args(["sweep", "--quick", "--device", "cpu", "--no-floors",
+                                                           "--out", str(tmp_path), *argv])
+    return bench.cases.CASES["sweep"].run(args, torch.device("cpu"), lambda p: None)
+
+
+def test_sweep_runs_each_direction_on_top_k_relevance_side_by_side(bench, tmp_path):
+    """--directions i2t,t2i --topk K: a record per direction (its size says which, and K), the
+    calls given that direction and a TopKRelevance of K entries a row; the table puts a size's
+    t2i row under its i2t row, with t2i / i2t (the ratio of the native medians)."""
+    import torch
+
+    import fastrank
+    from benchmarks import tables
+    payload = _sweep(bench, ["--ops", "kendall", "--modes", "forward+backward", "--impls", "native,reference",
+                             "--directions", "i2t,t2i", "--topk", "2", "--max-n", "16"], tmp_path)
+    assert payload["config"]["directions"] == ["i2t", "t2i"] and payload["config"]["topk"] == 2
+    recs = payload["results"]
+    got = [(r["impl"], r["size"]["direction"], r["size"]["topk"], r["size_label"]) for r in recs]
+    assert got == [("native", "i2t", 2, "16 x 16, i2t, top-2"), ("reference", "i2t", 2, "16 x 16, i2t, top-2"),
+                   ("native", "t2i", 2, "16 x 16, t2i, top-2"), ("reference", "t2i", 2, "16 x 16, t2i, top-2")]
+    for r in recs:
+        assert r["status"] == "ok" or r["reason"].startswith("native kernels unavailable"), r
+        assert r["floor"] is None   # the floor models count the dense work of both directions
+    x = bench.ops.variant(bench.ops.OPS["kendall"], ["i2t", "t2i"], 2).inputs(
+        recs[2]["size"], torch.device("cpu"), torch.float32, True)
+    assert x["direction"] == "t2i" and isinstance(x["relevance"], fastrank.TopKRelevance) and x["relevance"].k == 2
+    lines = [[c.strip() for c in line[2:-2].split(" | ")] for line in tables.markdown(payload).splitlines()
+             if line.startswith("| ")]
+    rows = [cells for cells in lines if cells[0].startswith("16 x 16")]
+    assert [row[0] for row in rows] == ["16 x 16, i2t, top-2", "16 x 16, t2i, top-2"]
+    ratio = next(cells for cells in lines if cells[0] == "size").index("native t2i / i2t")
+    native = {r["size"]["direction"]: r for r in recs if r["impl"] == "native"}
+    if all(r["status"] == "ok" for r in native.values()):
+        t2i, i2t = (native[d]["time"]["median_s"] for d in ("t2i", "i2t"))
+        assert rows[1][ratio] == f"{t2i / i2t:.3g}x" and rows[0][ratio] == ""
+
+
+@pytest.mark.parametrize("argv,refused", [
+    (["--ops", "kendall,fast_rerank", "--directions", "i2t"], "--directions: fast_rerank:"),
+    (["--ops", "kendall_sw", "--topk", "2"], "--topk: kendall_sw:"),
+    (["--ops", "fast_rerank_topk", "--sizes", "64"], "--sizes: fast_rerank_topk:"),
+])
+def test_sweep_refuses_an_option_an_op_does_not_take(bench, tmp_path, argv, refused):
+    from benchmarks.cli_args import A
+    with pytest.raises(A.UsageError, match=refused):
+        _sweep(bench, argv, tmp_path)
+
+
+def test_sweep_sizes_are_n_by_n_and_both_is_the_default_direction(bench, tmp_path):
+    """--sizes 24: N = M = 24 in place of the op's sizes; without --directions, one call of both
+    directions as before (no direction in the size, the floor counted)."""
+    payload = _sweep(bench, ["--ops", "smooth_ndcg", "--modes", "forward", "--impls", "reference",
+                             "--sizes", "24"], tmp_path)
+    assert payload["config"]["directions"] == ["both"] and payload["config"]["topk"] is None
+    assert [(r["size"], r["size_label"]) for r in payload["results"]] == [({"n": 24, "m": 24}, "24 x 24")]
+
+
 def test_percall_plan_keeps_the_sizes_between_min_n_and_max_n(bench):
     from benchmarks.cases import percall
     ops = [bench.ops.OPS["kendall"], bench.ops.OPS["smooth_ndcg"]]

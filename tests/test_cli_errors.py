@@ -136,6 +136,8 @@ BAD = {
         "--mem-fraction": "1.5",
         "--mem-budget-gb": "0",
         "--no-floors": FLAG,
+        "--directions": "i2t,sideways",
+        "--topk": "0",
         "--samples": "0",
         "--sample-time": "0",
         "--case-time": "inf",
