@@ -171,9 +171,9 @@ def test_bad_input_names_the_argument(op, bad):
 # a bad hyper-parameter of an op with a module form
 BAD_HYPER = [pytest.param(op, bad, id=f"{name}-{bad.about}") for name, op in NATIVE_OPS.items()
              for bad in op.bad_inputs if bad.hyper and op.module is not None]
-# the module forms whose call runs the functional's body without checking the hyper-parameters
-# again (ModuleForm's `checked`); the others call their functional, which checks them
-CHECKED_ONCE = ["smooth_ndcg", "smooth_ap", "recall_at_k", "kendall", "kendall_sw"]
+# the ops with a module form: its call runs the functional's body without checking the
+# hyper-parameters again (ModuleForm's `checked`)
+WITH_MODULE_FORM = [name for name, op in NATIVE_OPS.items() if op.module is not None]
 
 
 @needs_kernel
@@ -190,20 +190,29 @@ def test_a_module_form_checks_a_hyper_parameter_it_is_given_later(op, bad):
 
 
 @needs_kernel
-@pytest.mark.parametrize("name", CHECKED_ONCE)
+@pytest.mark.parametrize("name", WITH_MODULE_FORM)
 def test_a_module_form_checks_its_hyper_parameters_once_not_per_call(name, monkeypatch):
-    """The module checks them when they are set; its call does not check them again, while
-    the functional checks them at every call."""
+    """The module checks them when they are set, with its functional's own check; its call does
+    not check them again, while the functional checks them at every call."""
     op = NATIVE_OPS[name]
     ex = _example(op, 0)
     module = op.module(**ex.hyper)
+    check = op.module._check_hyper
+    home = sys.modules[op.functional.__module__]
+    assert getattr(home, check.__name__, None) is check, \
+        f"{op.module.__name__}'s check is not a function of {home.__name__} (the one its functional calls)"
+    calls = []
 
-    def refuse(*hyper):
-        raise AssertionError("the hyper-parameters were checked at the call")
-    monkeypatch.setattr(sys.modules[op.functional.__module__], "_check_hyper", refuse)
+    def counted(*hyper):
+        calls.append(hyper)
+        return check(*hyper)
+    monkeypatch.setattr(home, check.__name__, counted)
     module(**ex.inputs)
-    with pytest.raises(AssertionError, match="checked at the call"):
-        op.functional(**ex.inputs, **ex.hyper)
+    module(**ex.inputs)
+    assert calls == [], "the module's call checked its hyper-parameters again"
+    op.functional(**ex.inputs, **ex.hyper)
+    op.functional(**ex.inputs, **ex.hyper)
+    assert len(calls) == 2, "the functional checks them at every call, with the module's check"
 
 
 # ---------------------------------------------------------------- completeness

@@ -6,6 +6,7 @@ positives written straight from docs/spec.md (float64, autograd through Python s
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -548,6 +549,33 @@ def test_orthogonal_bad_input():
         fastrank.orthogonal_loss(e, beta=-0.1)
     with pytest.raises(ValueError, match="beta"):
         fnn.OrthogonalLoss(beta=float("nan"))
+
+
+@pytest.mark.parametrize("module,functional,inputs,hyper", [
+    (fnn.VarianceWeightedLoss, fastrank.variance_weighted_loss, (torch.rand(2, 3, 3, dtype=D64),),
+     {"margin": 0.1, "reduction": "sum"}),
+    (fnn.OrthogonalLoss, fastrank.orthogonal_loss, (torch.randn(3, 2, 4, dtype=D64), torch.ones(3, 2)),
+     {"beta": 0.1, "reduction": "none"})], ids=["variance_weighted", "orthogonal"])
+def test_dvse_module_forms_check_their_hyper_parameters_once_not_per_call(module, functional, inputs, hyper,
+                                                                          monkeypatch):
+    """The module checks them when they are set, with its functional's own check; its call does
+    not check them again, while the functional checks them at every call."""
+    loss = module(**hyper)
+    check = module._check_hyper
+    home = sys.modules[functional.__module__]
+    assert getattr(home, check.__name__, None) is check
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return check(*args)
+    monkeypatch.setattr(home, check.__name__, counted)
+    out = loss(*inputs)
+    loss(*inputs)
+    assert calls == [], "the module's call checked its hyper-parameters again"
+    torch.testing.assert_close(out, functional(*inputs, **hyper), rtol=0, atol=0)
+    functional(*inputs, **hyper)
+    assert len(calls) == 2, "the functional checks them at every call, with the module's check"
 
 
 # ----------------------------------------------------------------------------- docs/spec.md §1 for every loss

@@ -109,12 +109,18 @@ def variance_weighted_loss(sub_sim: Tensor, margin: float = 0.2, positives: Opti
     + log sigma_kt ), sigma_kt = 1 + sample std_{j != t} softmax_j(s_k)_j (0 std when
     fewer than two candidates remain). A query with no positive or no negative has loss 0.
     """
+    return _variance_weighted_loss(_check_margin, sub_sim, margin, positives, reduction)
+
+
+def _variance_weighted_loss(check_hyper, sub_sim, margin, positives, reduction):
+    """variance_weighted_loss with its hyper-parameters checked by ``check_hyper``: the loss's own,
+    or, for its module form, none (the module checked them when they were set)."""
     V.check_tensor(sub_sim, "sub_sim", 3, finite=False)
     if positives is not None and isinstance(positives, Tensor) and positives.shape != sub_sim.shape[1:]:
         raise ValueError(f"positives must have shape (N, M) = {tuple(sub_sim.shape[1:])} "
                          f"(sub_sim is (K, N, M)), got {tuple(positives.shape)}")
     positives = V.check_positives(positives, sub_sim[0])
-    margin, reduction = _check_margin(margin, reduction)
+    margin, reduction = check_hyper(margin, reduction)
     V.check_finite(sub_sim, "sub_sim")
     s = to_acc(sub_sim)
     parts = []
@@ -140,6 +146,12 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
     Per image: [ sum_{a != b} |m_a m_b <e_a, e_b>| - beta ]+ (each unordered pair counted
     twice, as in Eq. 4's double sum).
     """
+    return _orthogonal_loss(_check_beta, sub_emb, mask, beta, reduction)
+
+
+def _orthogonal_loss(check_hyper, sub_emb, mask, beta, reduction):
+    """orthogonal_loss with its hyper-parameters checked by ``check_hyper``: the loss's own, or,
+    for its module form, none (the module checked them when they were set)."""
     V.check_tensor(sub_emb, "sub_emb", 3, finite=False)
     n, k, _ = sub_emb.shape
     if mask is not None:
@@ -151,7 +163,7 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
             raise ValueError(f"mask must have shape (N, K) = {(n, k)}, got {tuple(mask.shape)}")
         if mask.device != sub_emb.device:
             raise ValueError(f"mask is on {mask.device} but sub_emb is on {sub_emb.device}")
-    beta, reduction = _check_beta(beta, reduction)
+    beta, reduction = check_hyper(beta, reduction)
     # values last (docs/spec.md §1: where the value check is on, CPU by default)
     V.check_finite(sub_emb, "sub_emb")
     if mask is not None and V.check_finite_enabled(mask.device) and not bool(((mask == 0) | (mask == 1)).all()):
@@ -172,11 +184,12 @@ def orthogonal_loss(sub_emb: Tensor, mask: Optional[Tensor] = None, beta: float 
 
 
 class VarianceWeightedLoss(ModuleForm, functional=variance_weighted_loss, inputs=("sub_sim", "positives"),
-                           check=_check_margin):
+                           check=_check_margin, checked=_variance_weighted_loss):
     """Module form of :func:`fastrank.variance_weighted_loss`: ``VarianceWeightedLoss()(sub_sim)``."""
 
 
-class OrthogonalLoss(ModuleForm, functional=orthogonal_loss, inputs=("sub_emb", "mask"), check=_check_beta):
+class OrthogonalLoss(ModuleForm, functional=orthogonal_loss, inputs=("sub_emb", "mask"), check=_check_beta,
+                     checked=_orthogonal_loss):
     """Module form of :func:`fastrank.orthogonal_loss`: ``OrthogonalLoss(beta=0.4)(sub_emb, mask)``."""
 
 

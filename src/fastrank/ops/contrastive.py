@@ -127,7 +127,14 @@ def info_nce_loss_from_embeddings(img: Tensor, txt: Tensor, logit_scale: Scalar,
     (one matmul a block in the forward, three in the backward). float16 / bfloat16 embeddings
     are computed in float32.
     """
-    direction, reduction, block = _check_info_nce_hyper(direction, reduction, block)
+    return _info_nce_loss_from_embeddings(_check_info_nce_hyper, img, txt, logit_scale, positives, direction,
+                                          reduction, block, impl)
+
+
+def _info_nce_loss_from_embeddings(check_hyper, img, txt, logit_scale, positives, direction, reduction, block, impl):
+    """info_nce_loss_from_embeddings with its hyper-parameters checked by ``check_hyper``: the op's
+    own, or, for its module form, none (the module checked them when they were set)."""
+    direction, reduction, block = check_hyper(direction, reduction, block)
     impl = V.check_impl(impl)
     (scale,), pos = _check_inputs(img, txt, positives, [("logit_scale", logit_scale)])
     if impl == "reference":
@@ -139,7 +146,8 @@ def info_nce_loss_from_embeddings(img: Tensor, txt: Tensor, logit_scale: Scalar,
 
 
 class InfoNCELossFromEmbeddings(ModuleForm, functional=info_nce_loss_from_embeddings,
-                                inputs=("img", "txt", "logit_scale", "positives"), check=_check_info_nce_hyper):
+                                inputs=("img", "txt", "logit_scale", "positives"), check=_check_info_nce_hyper,
+                                checked=_info_nce_loss_from_embeddings):
     """Module form of :func:`fastrank.info_nce_loss_from_embeddings`:
     ``loss = InfoNCELossFromEmbeddings()(img, txt, logit_scale)`` or ``(img, txt, logit_scale, positives)``."""
 
@@ -168,7 +176,14 @@ def siglip_loss_from_embeddings(img: Tensor, txt: Tensor, logit_scale: Scalar, l
 
     Memory: O((n + m) * dim + block * m); work O(n * m * dim) in matmuls.
     """
-    reduction, block = _check_siglip_hyper(reduction, block)
+    return _siglip_loss_from_embeddings(_check_siglip_hyper, img, txt, logit_scale, logit_bias, positives, reduction,
+                                        block, impl)
+
+
+def _siglip_loss_from_embeddings(check_hyper, img, txt, logit_scale, logit_bias, positives, reduction, block, impl):
+    """siglip_loss_from_embeddings with its hyper-parameters checked by ``check_hyper``: the op's
+    own, or, for its module form, none (the module checked them when they were set)."""
+    reduction, block = check_hyper(reduction, block)
     impl = V.check_impl(impl)
     (scale, bias), pos = _check_inputs(img, txt, positives, [("logit_scale", logit_scale), ("logit_bias", logit_bias)])
     if impl == "reference":
@@ -181,7 +196,7 @@ def siglip_loss_from_embeddings(img: Tensor, txt: Tensor, logit_scale: Scalar, l
 
 class SigLIPLossFromEmbeddings(ModuleForm, functional=siglip_loss_from_embeddings,
                                inputs=("img", "txt", "logit_scale", "logit_bias", "positives"),
-                               check=_check_siglip_hyper):
+                               check=_check_siglip_hyper, checked=_siglip_loss_from_embeddings):
     """Module form of :func:`fastrank.siglip_loss_from_embeddings`:
     ``loss = SigLIPLossFromEmbeddings()(img, txt, logit_scale, logit_bias)``."""
 

@@ -169,12 +169,13 @@ def _reference(img, txt, relevance, scale, bias, positives, contrastive, tau, di
     return reduce([per_query], reduction), ranked
 
 
-def _checked(img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction, reduction,
-             block, impl) -> tuple:
+def _checked(check_hyper, img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction,
+             reduction, block, impl) -> tuple:
     """(contrastive, weight, tau, direction, reduction, block, scale, bias, positives, native) as
     the loss uses them, ``native`` False where the reference path runs; or the error that names
-    the bad argument."""
-    hyper = _check_hyper(contrastive, weight, tau, direction, reduction, block)
+    the bad argument. The hyper-parameters are checked by ``check_hyper``: the op's own, or, for
+    its module form, none (the module checked them when they were set)."""
+    hyper = check_hyper(contrastive, weight, tau, direction, reduction, block)
     impl = V.check_impl(impl)
     scale, bias, pos = check_inputs(img, txt, relevance, logit_scale, logit_bias, positives, hyper[0])
     return (*hyper, scale, bias, pos, has_native(img.device, impl, "smooth_ndcg_loss"))
@@ -201,7 +202,8 @@ def both_terms(img: Tensor, txt: Tensor, relevance: TopKRelevance, logit_scale, 
     (fastrank.compat.open_clip's ``output_dict``); the arguments are that function's. Each term
     takes its own upstream gradient: the backward makes the blocks again (not fused)."""
     contrastive, _, tau, direction, reduction, block, scale, bias, pos, native = _checked(
-        img, txt, relevance, logit_scale, logit_bias, positives, contrastive, 0.0, tau, direction, reduction, block, impl)
+        _check_hyper, img, txt, relevance, logit_scale, logit_bias, positives, contrastive, 0.0, tau, direction,
+        reduction, block, impl)
     if not native:
         return _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction, reduction)
     per_query, ranked = terms(*_single_process(img, txt, relevance, scale, bias, pos, direction), contrastive, tau,
@@ -255,9 +257,19 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
     matmuls a block a pass and none in the backward (the matrix path's three, twice); otherwise
     one a block a pass.
     """
+    return _contrastive_smooth_ndcg_loss_from_embeddings(_check_hyper, img, txt, relevance, logit_scale, logit_bias,
+                                                         positives, contrastive, weight, tau, direction, reduction,
+                                                         block, impl)
+
+
+def _contrastive_smooth_ndcg_loss_from_embeddings(check_hyper, img, txt, relevance, logit_scale, logit_bias, positives,
+                                                  contrastive, weight, tau, direction, reduction, block, impl):
+    """contrastive_smooth_ndcg_loss_from_embeddings with its hyper-parameters checked by
+    ``check_hyper``: the op's own, or, for its module form, none (the module checked them when
+    they were set)."""
     contrastive, weight, tau, direction, reduction, block, scale, bias, pos, native = _checked(
-        img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction, reduction, block,
-        impl)
+        check_hyper, img, txt, relevance, logit_scale, logit_bias, positives, contrastive, weight, tau, direction,
+        reduction, block, impl)
     if not native:
         contrastive_loss, ranked = _reference(img, txt, relevance, scale, bias, pos, contrastive, tau, direction,
                                               reduction)
@@ -270,7 +282,8 @@ def contrastive_smooth_ndcg_loss_from_embeddings(
 class ContrastiveSmoothNDCGLossFromEmbeddings(ModuleForm, functional=contrastive_smooth_ndcg_loss_from_embeddings,
                                               inputs=("img", "txt", "relevance", "logit_scale", "logit_bias",
                                                       "positives"),
-                                              check=_check_hyper):
+                                              check=_check_hyper,
+                                              checked=_contrastive_smooth_ndcg_loss_from_embeddings):
     """Module form of :func:`fastrank.contrastive_smooth_ndcg_loss_from_embeddings`:
     ``loss = ContrastiveSmoothNDCGLossFromEmbeddings(weight=0.5, tau=0.05)(img, txt, relevance, logit_scale)``."""
 

@@ -188,12 +188,13 @@ def _(sim, gamma1, lam1):
 
 
 # ---- public API ---------------------------------------------------------------------------------
-_HYPER: dict = {}  # (gamma, lam) tuples of plain floats already validated -> (g1, g2, l1, l2)
+_HYPER: dict = {}  # (gamma, lam) tuples of plain floats already checked -> ((g1, g2), (l1, l2))
 
 
-def _hyper(gamma, lam):
-    """V.check_pair of gamma and lam, memoised for tuples of plain floats (the usual call):
-    the per-call validation stays metadata-only and cheap."""
+def _check_hyper(gamma, lam):
+    """(gamma, lam) as pairs of floats, or the error that names the bad one. Memoised for tuples
+    of plain floats (the functional's usual call): its per-call check stays metadata-only and
+    cheap."""
     plain = (type(gamma) is tuple and type(lam) is tuple and len(gamma) == 2 and len(lam) == 2
              and type(gamma[0]) is float and type(gamma[1]) is float and type(lam[0]) is float
              and type(lam[1]) is float)
@@ -201,15 +202,10 @@ def _hyper(gamma, lam):
         hit = _HYPER.get((gamma, lam))
         if hit is not None:
             return hit
-    (g1, g2), (l1, l2) = _check_hyper(gamma, lam)
+    checked = V.check_pair(gamma, "gamma"), V.check_pair(lam, "lam")
     if plain and len(_HYPER) < 64:
-        _HYPER[(gamma, lam)] = (g1, g2, l1, l2)
-    return g1, g2, l1, l2
-
-
-def _check_hyper(gamma, lam):
-    """(gamma, lam) as pairs of floats, or the error that names the bad one."""
-    return V.check_pair(gamma, "gamma"), V.check_pair(lam, "lam")
+        _HYPER[(gamma, lam)] = checked
+    return checked
 
 
 def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tuple[float, float] = (20.0, 20.0),
@@ -234,8 +230,14 @@ def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tup
     gradient. The native path is one fused forward and one fused backward per call; peak
     memory is the two outputs + O(N + M).
     """
+    return _fast_rerank(_check_hyper, sim, gamma, lam, impl)
+
+
+def _fast_rerank(check_hyper, sim, gamma, lam, impl):
+    """fast_rerank with its hyper-parameters checked by ``check_hyper``: the op's own, or, for its
+    module form, none (the module checked them when they were set)."""
     V.check_tensor(sim, "sim", 2, finite=False)
-    g1, g2, l1, l2 = _hyper(gamma, lam)
+    (g1, g2), (l1, l2) = check_hyper(gamma, lam)
     impl = V.check_impl(impl)
     if not has_native(sim.device, impl, "fast_rerank"):
         V.check_sim(sim)
@@ -244,7 +246,7 @@ def fast_rerank(sim: Tensor, gamma: Tuple[float, float] = (25.0, 25.0), lam: Tup
     return FAST_RERANK(sim, g1, g2, l1, l2)
 
 
-class FastRerank(ModuleForm, functional=fast_rerank, inputs=("sim",), check=_check_hyper):
+class FastRerank(ModuleForm, functional=fast_rerank, inputs=("sim",), check=_check_hyper, checked=_fast_rerank):
     """Module form of :func:`fastrank.fast_rerank`: ``i2t, t2i = FastRerank()(sim)``."""
 
 

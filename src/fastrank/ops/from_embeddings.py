@@ -54,6 +54,24 @@ def _check_block(block) -> Optional[int]:
     return None if block is None else V.check_int(block, "block")
 
 
+def _check_smooth_ndcg_hyper(tau, direction, reduction, block):
+    """smooth_ndcg_loss_from_embeddings's hyper-parameters as it uses them (smooth_ndcg_loss's,
+    then block), or the error that names the bad one."""
+    return (*SN._check_hyper(tau, direction, reduction), _check_block(block))
+
+
+def _check_smooth_ap_hyper(tau, direction, reduction, block):
+    """smooth_ap_loss_from_embeddings's hyper-parameters as it uses them (smooth_ap_loss's, then
+    block), or the error that names the bad one."""
+    return (*SA._check_hyper(tau, direction, reduction), _check_block(block))
+
+
+def _check_recall_at_k_hyper(ks, tau, tau_k, direction, reduction, block):
+    """recall_at_k_loss_from_embeddings's hyper-parameters as it uses them (recall_at_k_loss's,
+    then block), or the error that names the bad one."""
+    return (*RK._check_hyper(ks, tau, tau_k, direction, reduction), _check_block(block))
+
+
 def _positive_lists(positives, q: Tensor, d: Tensor) -> TopKRelevance:
     """The positives as a TopKRelevance of ones: None = the diagonal (needs as many queries as
     documents), else an int64 (n, k) tensor of each query's positive documents (-1: unused)."""
@@ -105,10 +123,16 @@ def smooth_ndcg_loss_from_embeddings(q: Tensor, d: Tensor, relevance: TopKReleva
     the matmuls and the kernels' O(n * m * k) sparse path. The backward recomputes each block's
     similarities (one more matmul and rank pass per block).
     """
+    return _smooth_ndcg_loss_from_embeddings(_check_smooth_ndcg_hyper, q, d, relevance, tau, direction, reduction,
+                                             block, impl)
+
+
+def _smooth_ndcg_loss_from_embeddings(check_hyper, q, d, relevance, tau, direction, reduction, block, impl):
+    """smooth_ndcg_loss_from_embeddings with its hyper-parameters checked by ``check_hyper``: the
+    op's own, or, for its module form, none (the module checked them when they were set)."""
     _check_embeddings(q, d)
     V.check_topk_relevance(relevance, q, shape=(q.shape[0], d.shape[0]), like="q @ d.T")
-    tau, direction, reduction = SN._check_hyper(tau, direction, reduction)
-    block = _check_block(block)
+    tau, direction, reduction, block = check_hyper(tau, direction, reduction, block)
     impl = V.check_impl(impl)
     _check_values(q, d, relevance, "smooth_ndcg")
     if not has_native(q.device, impl, "smooth_ndcg_loss"):
@@ -119,8 +143,7 @@ def smooth_ndcg_loss_from_embeddings(q: Tensor, d: Tensor, relevance: TopKReleva
 
 class SmoothNDCGLossFromEmbeddings(ModuleForm, functional=smooth_ndcg_loss_from_embeddings,
                                    inputs=("q", "d", "relevance"),
-                                   check=lambda tau, direction, reduction, block: (
-                                       *SN._check_hyper(tau, direction, reduction), _check_block(block))):
+                                   check=_check_smooth_ndcg_hyper, checked=_smooth_ndcg_loss_from_embeddings):
     """Module form of :func:`fastrank.smooth_ndcg_loss_from_embeddings`:
     ``loss = SmoothNDCGLossFromEmbeddings(tau=0.05)(q, d, relevance)``."""
 
@@ -139,10 +162,16 @@ def smooth_ap_loss_from_embeddings(q: Tensor, d: Tensor, positives: Optional[Ten
             with a positive).
         block, impl: as :func:`fastrank.smooth_ndcg_loss_from_embeddings`.
     """
+    return _smooth_ap_loss_from_embeddings(_check_smooth_ap_hyper, q, d, positives, tau, direction, reduction, block,
+                                           impl)
+
+
+def _smooth_ap_loss_from_embeddings(check_hyper, q, d, positives, tau, direction, reduction, block, impl):
+    """smooth_ap_loss_from_embeddings with its hyper-parameters checked by ``check_hyper``: the
+    op's own, or, for its module form, none (the module checked them when they were set)."""
     _check_embeddings(q, d)
     rel = _positive_lists(positives, q, d)
-    tau, direction, reduction = SA._check_hyper(tau, direction, reduction)
-    block = _check_block(block)
+    tau, direction, reduction, block = check_hyper(tau, direction, reduction, block)
     impl = V.check_impl(impl)
     _check_values(q, d, rel if positives is not None else None, "smooth_ap")
     if not has_native(q.device, impl, "smooth_ap_loss"):
@@ -152,8 +181,7 @@ def smooth_ap_loss_from_embeddings(q: Tensor, d: Tensor, positives: Optional[Ten
 
 class SmoothAPLossFromEmbeddings(ModuleForm, functional=smooth_ap_loss_from_embeddings,
                                  inputs=("q", "d", "positives"),
-                                 check=lambda tau, direction, reduction, block: (
-                                     *SA._check_hyper(tau, direction, reduction), _check_block(block))):
+                                 check=_check_smooth_ap_hyper, checked=_smooth_ap_loss_from_embeddings):
     """Module form of :func:`fastrank.smooth_ap_loss_from_embeddings`:
     ``loss = SmoothAPLossFromEmbeddings()(q, d)`` or ``(q, d, positives)``."""
 
@@ -172,10 +200,16 @@ def recall_at_k_loss_from_embeddings(q: Tensor, d: Tensor, positives: Optional[T
         ks, tau, tau_k, direction, reduction: as :func:`fastrank.recall_at_k_loss`.
         block, impl: as :func:`fastrank.smooth_ndcg_loss_from_embeddings`.
     """
+    return _recall_at_k_loss_from_embeddings(_check_recall_at_k_hyper, q, d, positives, ks, tau, tau_k, direction,
+                                             reduction, block, impl)
+
+
+def _recall_at_k_loss_from_embeddings(check_hyper, q, d, positives, ks, tau, tau_k, direction, reduction, block, impl):
+    """recall_at_k_loss_from_embeddings with its hyper-parameters checked by ``check_hyper``: the
+    op's own, or, for its module form, none (the module checked them when they were set)."""
     _check_embeddings(q, d)
     rel = _positive_lists(positives, q, d)
-    ks, tau, tau_k, direction, reduction = RK._check_hyper(ks, tau, tau_k, direction, reduction)
-    block = _check_block(block)
+    ks, tau, tau_k, direction, reduction, block = check_hyper(ks, tau, tau_k, direction, reduction, block)
     impl = V.check_impl(impl)
     _check_values(q, d, rel if positives is not None else None, "recall_at_k")
     if not has_native(q.device, impl, "recall_at_k_loss"):
@@ -187,8 +221,7 @@ def recall_at_k_loss_from_embeddings(q: Tensor, d: Tensor, positives: Optional[T
 
 class RecallAtKLossFromEmbeddings(ModuleForm, functional=recall_at_k_loss_from_embeddings,
                                   inputs=("q", "d", "positives"),
-                                  check=lambda ks, tau, tau_k, direction, reduction, block: (
-                                      *RK._check_hyper(ks, tau, tau_k, direction, reduction), _check_block(block))):
+                                  check=_check_recall_at_k_hyper, checked=_recall_at_k_loss_from_embeddings):
     """Module form of :func:`fastrank.recall_at_k_loss_from_embeddings`:
     ``loss = RecallAtKLossFromEmbeddings(ks=(1, 5))(q, d)`` or ``(q, d, positives)``."""
 
