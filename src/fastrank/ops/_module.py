@@ -5,11 +5,10 @@
 takes the functional's other parameters with the functional's defaults (``impl`` among them)
 and checks them with the op's own ``check`` (the one its functional calls, so an error names
 the argument the same way), as does every later assignment of one (``module.tau = 0.5``);
-``forward(*inputs)`` calls the functional with them. They are checked when they are set, not
-at every call: given ``checked`` (the functional's body, which takes the hyper-parameter check
-as its first argument and then the functional's parameters), ``forward`` calls it with no
-check of them; without it, the functional, which checks them again. ``extra_repr`` lists them
-(``impl`` aside).
+``forward(*inputs)`` calls the functional's body with them. They are checked when they are
+set, not at every call: ``checked`` (the functional's body, which takes the hyper-parameter
+check as its first argument and then the functional's parameters) is called with no check of
+them. ``extra_repr`` lists them (``impl`` aside).
 """
 from __future__ import annotations
 
@@ -32,6 +31,9 @@ class ModuleForm(torch.nn.Module):
     def __init_subclass__(cls, functional: Callable = None, inputs: Sequence[str] = (), check: Callable = None,
                           checked: Callable = None, **kw):
         super().__init_subclass__(**kw)
+        if check is None or checked is None:
+            raise TypeError(f"{cls.__name__}: a module form takes check= and checked= (its functional's check "
+                            "of the hyper-parameters and its body)")
         body = checked
         params = inspect.signature(functional).parameters
         hyper = tuple(p for p in params if p not in inputs)
@@ -59,9 +61,7 @@ class ModuleForm(torch.nn.Module):
                 raise TypeError(f"{cls.__name__}.forward takes at most {len(inputs)} inputs {inputs}, "
                                 f"got {len(args)}")
             kwargs.update(zip(inputs, args))
-            if body is not None:
-                return body(_as_checked, **{**input_defaults, **kwargs}, **{p: getattr(self, p) for p in hyper})
-            return functional(**kwargs, **{p: getattr(self, p) for p in hyper})
+            return body(_as_checked, **{**input_defaults, **kwargs}, **{p: getattr(self, p) for p in hyper})
 
         __init__.__signature__ = init_sig
         forward.__signature__ = forward_sig
