@@ -198,13 +198,11 @@ T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
   return static_cast<T>(total) / denom;
 }
 
-// The column queries (t2i) of a row-major sim without a mask go kColumnTile at a time: the
-// tile's columns of sim (and of a relevance matrix) are gathered together (gather_rows: whole
+// The column queries (t2i) of a row-major sim without a mask go kColumnTile (common.h) at a time:
+// the tile's columns of sim (and of a relevance matrix) are gathered together (gather_rows: whole
 // lines of each row for the tile, where a column alone reads a line per value), its queries'
 // gradient rows written to a tile buffer and transposed into dsim after the last (a row segment
-// per candidate). The same tile as smooth_ndcg.cpp's column queries, for the same reason.
-constexpr int64_t kColumnTile = 64;
-
+// per candidate), as smooth_ndcg.cpp's column queries are.
 // One direction: n_q queries of n_c candidates; dsim slab written at out + q * o_q + c * o_c.
 template <typename T>
 void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c,
@@ -244,7 +242,8 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
       qloss[q] = one_query(w, v, alpha, orow, o_c);
       qvalid[q] = v > 0 ? T(1) : T(0);
   };
-  // one tile of column queries q0 .. q0 + nt - 1 (tiles above): the tile buffers are w's
+  // one tile of column queries q0 .. q0 + nt - 1 (tiles above), every candidate in each list
+  // (w.c0 = 0 .. n_c - 1, set once a thread: one_query reads it, never writes it)
   auto tile = [&](Scratch<T>& w, std::vector<T>& ts, std::vector<T>& tr, std::vector<T>& tg, int64_t q0) {
       const int64_t nt = std::min(kColumnTile, n_q - q0);
       gather_rows(sim, s_q, s_c, q0, nt, n_c, ts.data());
@@ -254,7 +253,6 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
         std::copy(ts.data() + t * n_c, ts.data() + (t + 1) * n_c, w.s0);
         const T* rrow = listed ? relevance_row(lists, rel, r_q, r_c, q, n_c, w.rel_row).row : tr.data() + t * n_c;
         std::copy(rrow, rrow + n_c, w.r0);
-        for (int64_t c = 0; c < n_c; ++c) w.c0[c] = static_cast<int32_t>(c);
         qloss[q] = one_query(w, n_c, alpha, tg.data() + t * n_c, int64_t(1));
         qvalid[q] = n_c > 0 ? T(1) : T(0);
       }
@@ -265,6 +263,7 @@ void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_
     const size_t tile_size = static_cast<size_t>(std::min(kColumnTile, n_q) * n_c);
     auto tiles_of_a_thread = [&](bool shared) {
       Scratch<T> w(n_pad, listed);
+      for (int64_t c = 0; c < n_c; ++c) w.c0[c] = static_cast<int32_t>(c);
       std::vector<T> ts(tile_size), tr(listed ? 0 : tile_size), tg(tile_size);
       if (!shared) {
         for (int64_t i = 0; i < n_tiles; ++i) tile(w, ts, tr, tg, i * kColumnTile);

@@ -77,12 +77,6 @@ T ideal_dcg(T* __restrict g, int64_t n, const T* disc) {
   return static_cast<T>(sum);
 }
 
-// The column queries of a tile (column_query): 64 neighbouring columns, four cache lines of
-// each row of a row-major sim, so that each row's page is visited once per 64 queries (16, one
-// line, left the t2i direction 1.4x slower than i2t at n = m = 4096: a page walk and a cache
-// miss per row and tile).
-constexpr int64_t kColumnTile = 64;
-
 // A thread's scratch: the gathered list and the all-items pass (dense lists), the subset
 // pass (sparse lists, made on first use), a relevance row built from lists, and the kColumnTile
 // column queries of a tile (column_query).

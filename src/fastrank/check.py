@@ -5,11 +5,11 @@ The ops are the table's rows with native kernels (``NATIVE_OPS``, src/fastrank/o
 An op's cases are its contract's examples (src/fastrank/ops/_contract.py: small inputs, a
 mask where the op takes one, both directions and one direction alone, top-k lists for a loss
 that takes a :class:`fastrank.TopKRelevance`), and an example over both directions again with
-each direction alone; each case in float32, float64 and bfloat16. A case runs the op with ``impl="native"`` on a device, its
-values and the gradients of a fixed weighted sum of them, and compares them with
-``impl="reference"`` in float64 on the same (rounded) input, by the rule of the CUDA test
-matrix (src/fastrank/_tolerance.py): float32 and float64 within ``atol + rtol |reference|``,
-bfloat16 at most twice the error of the reference run in bfloat16.
+each direction alone; each case in float32, float64 and bfloat16. A case runs the op with
+``impl="native"`` on a device, its values and the gradients of a fixed weighted sum of them,
+and compares them with ``impl="reference"`` in float64 on the same (rounded) input, by the rule
+of the CUDA test matrix (src/fastrank/_tolerance.py): float32 and float64 within
+``atol + rtol |reference|``, bfloat16 at most twice the error of the reference run in bfloat16.
 
 The devices: the CPU at every instruction-set level this CPU runs (the level in use here,
 each other one in a child process with ``FASTRANK_CPU_ISA`` set, since a level is picked at

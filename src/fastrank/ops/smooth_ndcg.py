@@ -145,7 +145,7 @@ def smooth_ndcg_loss(sim: Tensor, relevance: Union[Tensor, TopKRelevance], tau: 
 def _smooth_ndcg_loss(check_hyper, sim, relevance, tau, direction, reduction, impl, mask):
     """smooth_ndcg_loss with its hyper-parameters checked by ``check_hyper``: the op's own, or, for
     its module form, none (the module checked them when they were set)."""
-    topk, (tau, direction, reduction), impl = V.check_graded_inputs(
+    _, (tau, direction, reduction), impl = V.check_graded_inputs(
         sim, relevance, mask, impl, check_hyper, (tau, direction, reduction), relevance_min=0.0,
         loss="smooth_ndcg_loss")
     if not has_native(sim.device, impl, "smooth_ndcg_loss"):
