@@ -30,6 +30,7 @@
 // rounded value as the reference (the compiler cannot rewrite it as r_j - r_k > a).
 #include "fastrank/kendall.h"
 
+#include "column_tile.h"
 #include "relevance_lists.h"
 
 #include <algorithm>
@@ -198,11 +199,12 @@ T one_query(Scratch<T>& w, int64_t v, T alpha, T* out, int64_t out_s) {
   return static_cast<T>(total) / denom;
 }
 
-// The column queries (t2i) of a row-major sim without a mask go kColumnTile (common.h) at a time:
-// the tile's columns of sim (and of a relevance matrix) are gathered together (gather_rows: whole
-// lines of each row for the tile, where a column alone reads a line per value), its queries'
-// gradient rows written to a tile buffer and transposed into dsim after the last (a row segment
-// per candidate), as smooth_ndcg.cpp's column queries are.
+// The column queries (t2i) of a row-major sim without a mask go kColumnTile (column_tile.h) at
+// a time: the tile's columns of sim (and of a relevance matrix) are gathered together
+// (gather_rows: whole lines of each row for the tile, where a column alone reads a line per
+// value), its queries' gradient rows written to a tile buffer and transposed into dsim after the
+// last (a row segment per candidate), as smooth_ndcg.cpp's column queries are.
+
 // One direction: n_q queries of n_c candidates; dsim slab written at out + q * o_q + c * o_c.
 template <typename T>
 void direction_pass(const T* sim, int64_t s_q, int64_t s_c, const T* rel, int64_t r_q, int64_t r_c,

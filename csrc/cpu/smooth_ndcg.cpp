@@ -22,6 +22,7 @@
 
 #include <memory>
 
+#include "column_tile.h"
 #include "relevance_lists.h"
 #include "smooth_rank.h"
 

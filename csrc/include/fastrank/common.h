@@ -357,12 +357,6 @@ inline void transpose_block(const T* in, int64_t is, T* out, int64_t os, int64_t
   }
 }
 
-// The column queries (t2i) of a row-major sim that the CPU kernels take together (smooth_ndcg.cpp,
-// kendall.cpp): 64 neighbouring columns, four cache lines of each row, so that each row's page is
-// visited once per 64 queries (16, one line, left smooth-NDCG's t2i direction 1.4x slower than
-// i2t at n = m = 4096: a page walk and a cache miss per row and tile).
-constexpr int64_t kColumnTile = 64;
-
 // Copy rows q0 .. q0 + nt - 1 of a strided (n_q, n_c) view into out[t * n_c + c]. When the
 // rows are the view's columns (s_q == 1, the t2i direction), the nt rows are read together
 // (transpose_block): nt neighbouring values of a line of the matrix per c instead of one
